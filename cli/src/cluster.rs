@@ -1,0 +1,126 @@
+//! A whole Basin cluster in one process: a scheduler and N executors that talk over
+//! loopback gRPC and Flight exactly as separate processes do.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use basin_core::{BasinConfig, BasinError, Result};
+use basin_executor::{ExecutorOptions, TaskLog, effective_task_slots};
+use basin_scheduler::{SchedulerHandle, SchedulerOptions};
+use datafusion::prelude::SessionContext;
+use tokio::task::JoinHandle;
+
+/// How to start a standalone cluster.
+#[derive(Debug, Clone)]
+pub struct StandaloneOptions {
+    /// Number of executors.
+    pub executors: usize,
+    /// Scheduler gRPC port (0 = any free port).
+    pub scheduler_port: u16,
+}
+
+impl Default for StandaloneOptions {
+    fn default() -> Self {
+        Self {
+            executors: 2,
+            scheduler_port: 0,
+        }
+    }
+}
+
+/// A running in-process cluster. Dropping it stops the cluster and removes its work files.
+pub struct StandaloneCluster {
+    config: Arc<BasinConfig>,
+    scheduler: SchedulerHandle,
+    executors: Vec<JoinHandle<()>>,
+    task_log: TaskLog,
+    task_slots: usize,
+    work_root: PathBuf,
+}
+
+impl StandaloneCluster {
+    /// Starts the scheduler and the executors and waits until every executor registered.
+    pub async fn start(config: Arc<BasinConfig>, options: StandaloneOptions) -> Result<Self> {
+        if options.executors == 0 {
+            return Err(BasinError::Invalid(
+                "a standalone cluster needs at least one executor (--executors 1 or more)"
+                    .to_string(),
+            ));
+        }
+        let scheduler_options = SchedulerOptions {
+            port: options.scheduler_port,
+            ..SchedulerOptions::from_config(&config)
+        };
+        let scheduler = basin_scheduler::start(config.clone(), scheduler_options).await?;
+        let work_root = config
+            .server
+            .data_dir
+            .join("standalone")
+            .join(format!("{}-{}", std::process::id(), scheduler.addr.port()));
+        let task_log = TaskLog::default();
+        let mut executors = Vec::with_capacity(options.executors);
+        for i in 0..options.executors {
+            let mut executor_options = ExecutorOptions::new(
+                &config,
+                &scheduler.addr.ip().to_string(),
+                scheduler.addr.port(),
+            );
+            executor_options.work_dir = Some(work_root.join(format!("executor-{i}")));
+            executor_options.task_log = Some(task_log.clone());
+            let config = config.clone();
+            executors.push(tokio::spawn(async move {
+                if let Err(e) = basin_executor::run(config, executor_options).await {
+                    tracing::error!(executor = i, error = %e, "executor failed");
+                }
+            }));
+        }
+        let cluster = Self {
+            task_slots: options.executors * effective_task_slots(config.server.executor_task_slots),
+            config,
+            scheduler,
+            executors,
+            task_log,
+            work_root,
+        };
+        cluster
+            .scheduler
+            .wait_for_executors(options.executors, Duration::from_secs(30))
+            .await?;
+        Ok(cluster)
+    }
+
+    /// A new front-end session on this cluster.
+    pub fn connect(&self) -> Result<SessionContext> {
+        Ok(basin_scheduler::connect(
+            &self.config,
+            &self.scheduler.url(),
+            self.task_slots,
+        )?)
+    }
+
+    /// The scheduler.
+    pub fn scheduler(&self) -> &SchedulerHandle {
+        &self.scheduler
+    }
+
+    /// The tasks the executors have run so far.
+    pub fn task_log(&self) -> &TaskLog {
+        &self.task_log
+    }
+
+    /// Total task slots.
+    pub fn task_slots(&self) -> usize {
+        self.task_slots
+    }
+}
+
+impl Drop for StandaloneCluster {
+    fn drop(&mut self) {
+        for e in &self.executors {
+            e.abort();
+        }
+        self.scheduler.stop();
+        let _ = std::fs::remove_dir_all(&self.work_root);
+    }
+}

@@ -1,0 +1,282 @@
+//! `basin`: run a standalone cluster, a scheduler or an executor.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use basin_cli::cluster::{StandaloneCluster, StandaloneOptions};
+use basin_cli::output::{OutputFormat, write_result};
+use basin_cli::statements::run_sql;
+use basin_core::{BasinConfig, BasinError};
+use basin_executor::ExecutorOptions;
+use basin_scheduler::SchedulerOptions;
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "basin", version, about = "Basin: distributed, federated SQL engine and lakehouse")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// A scheduler and N executors in one process; runs -e/-f statements or serves until Ctrl-C.
+    Standalone(StandaloneArgs),
+    /// The scheduler of a cluster.
+    Scheduler(SchedulerArgs),
+    /// An executor that joins a scheduler.
+    Executor(ExecutorArgs),
+}
+
+#[derive(Args)]
+struct CommonArgs {
+    /// Configuration file (default: embedded defaults, built-in tpch catalog).
+    #[arg(long, short = 'c', env = "BASIN_CONFIG")]
+    config: Option<PathBuf>,
+    /// Address to bind (overrides [server] bind_host).
+    #[arg(long, env = "BASIN_BIND_HOST")]
+    bind_host: Option<String>,
+    /// Data directory (overrides [server] data_dir).
+    #[arg(long, env = "BASIN_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct StandaloneArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Number of executors.
+    #[arg(long, default_value_t = 2)]
+    executors: usize,
+    /// Task slots per executor (default: number of cores).
+    #[arg(long)]
+    task_slots: Option<usize>,
+    /// Scheduler gRPC port (0 = any free port).
+    #[arg(long, default_value_t = 0)]
+    scheduler_port: u16,
+    /// SQL to run (repeatable); prints each result and exits.
+    #[arg(short = 'e', long = "execute")]
+    execute: Vec<String>,
+    /// File of SQL statements to run; prints each result and exits.
+    #[arg(short = 'f', long = "file")]
+    file: Option<PathBuf>,
+    /// Result format.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+    format: OutputFormat,
+}
+
+#[derive(Args)]
+struct SchedulerArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// gRPC port (overrides [server] scheduler_port, default 50050).
+    #[arg(long, env = "BASIN_SCHEDULER_PORT")]
+    port: Option<u16>,
+    /// Host name executors and clients use to reach this scheduler (default: the bind host).
+    #[arg(long)]
+    external_host: Option<String>,
+}
+
+#[derive(Args)]
+struct ExecutorArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// The scheduler to join, HOST:PORT.
+    #[arg(long, env = "BASIN_SCHEDULER", default_value = "127.0.0.1:50050")]
+    scheduler: String,
+    /// Arrow Flight port for shuffle data (0 = any free port).
+    #[arg(long, default_value_t = 0)]
+    flight_port: u16,
+    /// gRPC port for task launches (0 = any free port).
+    #[arg(long, default_value_t = 0)]
+    grpc_port: u16,
+    /// Host name other nodes use to reach this executor (default: the bind host).
+    #[arg(long)]
+    external_host: Option<String>,
+    /// Concurrent tasks (default: number of cores).
+    #[arg(long)]
+    task_slots: Option<usize>,
+    /// Directory for shuffle and spill files.
+    #[arg(long)]
+    work_dir: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let quiet = matches!(&cli.command, Command::Standalone(a) if !a.execute.is_empty() || a.file.is_some());
+    init_logging(if quiet { "error" } else { "info" });
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(16 * 1024 * 1024)
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(&format!("cannot start the runtime: {e}")),
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Standalone(args) => standalone(args).await,
+            Command::Scheduler(args) => scheduler(args).await,
+            Command::Executor(args) => executor(args).await,
+        }
+    });
+    // Executors and servers may still hold tasks; do not wait for them.
+    runtime.shutdown_background();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => fail(&message),
+    }
+}
+
+fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BASIN_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}
+
+fn fail(message: &str) -> ExitCode {
+    let one_line = message.split_whitespace().collect::<Vec<_>>().join(" ");
+    eprintln!("error: {one_line}");
+    ExitCode::FAILURE
+}
+
+fn load_config(common: &CommonArgs) -> Result<Arc<BasinConfig>, String> {
+    let mut config = match &common.config {
+        Some(path) => BasinConfig::from_file(path).map_err(|e| e.to_string())?,
+        None => BasinConfig::embedded(),
+    };
+    if let Some(host) = &common.bind_host {
+        config.server.bind_host = host.clone();
+    }
+    if let Some(dir) = &common.data_dir {
+        config.server.data_dir = dir.clone();
+    }
+    Ok(Arc::new(config))
+}
+
+async fn standalone(args: StandaloneArgs) -> Result<(), String> {
+    let mut config = Arc::unwrap_or_clone(load_config(&args.common)?);
+    if let Some(slots) = args.task_slots {
+        config.server.executor_task_slots = slots;
+    }
+    let config = Arc::new(config);
+    let mut scripts: Vec<(String, String)> = args
+        .execute
+        .iter()
+        .map(|sql| ("-e".to_string(), sql.clone()))
+        .collect();
+    if let Some(file) = &args.file {
+        scripts.push((file.display().to_string(), read_sql_file(file)?));
+    }
+    let cluster = StandaloneCluster::start(
+        config,
+        StandaloneOptions {
+            executors: args.executors,
+            scheduler_port: args.scheduler_port,
+        },
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    if scripts.is_empty() {
+        eprintln!(
+            "Basin standalone: scheduler at {} with {} executors ({} task slots). Press Ctrl-C to stop.",
+            cluster.scheduler().addr,
+            args.executors,
+            cluster.task_slots()
+        );
+        tokio::signal::ctrl_c()
+            .await
+            .map_err(|e| format!("cannot wait for Ctrl-C: {e}"))?;
+        return Ok(());
+    }
+    let ctx = cluster.connect().map_err(|e| e.to_string())?;
+    let stdout = std::io::stdout();
+    for (origin, sql) in scripts {
+        let mut out = stdout.lock();
+        run_sql(&ctx, &sql, &mut |result| {
+            write_result(&mut out, &result, args.format)?;
+            out.flush()
+                .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))
+        })
+        .await
+        .map_err(|e| {
+            if origin == "-e" {
+                e.to_string()
+            } else {
+                format!("{origin}: {e}")
+            }
+        })?;
+    }
+    Ok(())
+}
+
+fn read_sql_file(path: &Path) -> Result<String, String> {
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read SQL file {}: {e}", path.display()))
+}
+
+async fn scheduler(args: SchedulerArgs) -> Result<(), String> {
+    let config = load_config(&args.common)?;
+    let mut options = SchedulerOptions::from_config(&config);
+    if let Some(port) = args.port {
+        options.port = port;
+    }
+    if let Some(host) = args.external_host {
+        options.external_host = host;
+    }
+    let handle = basin_scheduler::start(config, options)
+        .await
+        .map_err(|e| e.to_string())?;
+    eprintln!("Basin scheduler listening on {}. Press Ctrl-C to stop.", handle.addr);
+    wait_for_shutdown().await
+}
+
+async fn executor(args: ExecutorArgs) -> Result<(), String> {
+    let config = load_config(&args.common)?;
+    let (host, port) = args
+        .scheduler
+        .rsplit_once(':')
+        .and_then(|(h, p)| p.parse::<u16>().ok().map(|p| (h.to_string(), p)))
+        .ok_or_else(|| {
+            format!(
+                "--scheduler must be HOST:PORT, e.g. 127.0.0.1:50050 (got `{}`)",
+                args.scheduler
+            )
+        })?;
+    let mut options = ExecutorOptions::new(&config, &host, port);
+    options.flight_port = args.flight_port;
+    options.grpc_port = args.grpc_port;
+    if let Some(h) = args.external_host {
+        options.external_host = h;
+    }
+    if let Some(slots) = args.task_slots {
+        options.task_slots = slots;
+    }
+    options.work_dir = args.work_dir;
+    basin_executor::run(config, options)
+        .await
+        .map_err(|e: BasinError| e.to_string())
+}
+
+async fn wait_for_shutdown() -> Result<(), String> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term =
+            signal(SignalKind::terminate()).map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {},
+            _ = term.recv() => {},
+        }
+        Ok(())
+    }
+    #[cfg(not(unix))]
+    tokio::signal::ctrl_c()
+        .await
+        .map_err(|e| format!("cannot wait for Ctrl-C: {e}"))
+}

@@ -1,0 +1,40 @@
+//! Running SQL text (one or many statements) on a session.
+
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::prelude::SessionContext;
+use datafusion::sql::parser::DFParser;
+
+/// The result of one statement.
+#[derive(Debug)]
+pub struct StatementResult {
+    pub sql: String,
+    pub schema: SchemaRef,
+    pub batches: Vec<RecordBatch>,
+}
+
+/// Runs every statement in `sql`, in order, stopping at the first error.
+pub async fn run_sql(
+    ctx: &SessionContext,
+    sql: &str,
+    on_result: &mut dyn FnMut(StatementResult) -> Result<()>,
+) -> Result<()> {
+    let statements = DFParser::parse_sql(sql)?;
+    if statements.is_empty() {
+        return Err(DataFusionError::Plan("no SQL statement given".to_string()));
+    }
+    for statement in statements {
+        let text = statement.to_string();
+        let plan = ctx.state().statement_to_plan(statement).await?;
+        let df = ctx.execute_logical_plan(plan).await?;
+        let schema = df.schema().inner().clone();
+        let batches = df.collect().await?;
+        on_result(StatementResult {
+            sql: text,
+            schema,
+            batches,
+        })?;
+    }
+    Ok(())
+}

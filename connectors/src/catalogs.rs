@@ -1,0 +1,49 @@
+//! Turns `basin.toml` into what a DataFusion session needs: catalogs, table functions and a
+//! runtime whose object store registry knows `[storage]`.
+
+use std::sync::Arc;
+
+use basin_core::{BasinConfig, CatalogConfig};
+use datafusion::error::Result;
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
+use datafusion::prelude::SessionContext;
+
+use crate::files::{BasinObjectStoreRegistry, FileKind, ReadFilesFunction};
+use crate::tpch::{DEFAULT_ROWS_PER_PARTITION, TpchCatalogProvider, TpchOptions};
+
+/// A runtime environment whose object stores come from the configuration.
+pub fn runtime_env(config: &BasinConfig) -> Result<Arc<RuntimeEnv>> {
+    let registry = Arc::new(BasinObjectStoreRegistry::new(config.storage.s3.clone()));
+    RuntimeEnvBuilder::new()
+        .with_object_store_registry(registry)
+        .build_arc()
+}
+
+/// Registers every configured catalog in `ctx`. `task_slots` is the cluster's parallelism,
+/// used to split generated and remote tables.
+pub fn register_catalogs(ctx: &SessionContext, config: &BasinConfig, task_slots: usize) {
+    for (name, catalog) in &config.catalogs {
+        match catalog {
+            CatalogConfig::Tpch(options) => {
+                let options = TpchOptions {
+                    rows_per_partition: options
+                        .rows_per_partition
+                        .unwrap_or(DEFAULT_ROWS_PER_PARTITION),
+                    min_partitions: task_slots.max(1),
+                };
+                ctx.register_catalog(name, Arc::new(TpchCatalogProvider::new(options)));
+            }
+        }
+        tracing::debug!(catalog = %name, connector = catalog.connector(), "registered catalog");
+    }
+}
+
+/// Registers Basin's table functions (`read_parquet`, `read_csv`, `read_json`).
+pub fn register_functions(ctx: &SessionContext) {
+    for kind in [FileKind::Parquet, FileKind::Csv, FileKind::Json] {
+        ctx.register_udtf(
+            kind.function_name(),
+            Arc::new(ReadFilesFunction::new(kind, ctx.runtime_env())),
+        );
+    }
+}

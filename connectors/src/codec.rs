@@ -1,0 +1,226 @@
+//! Basin's plan codecs: how Basin's own table providers and plan nodes travel from the
+//! client to the scheduler (logical plans) and from the scheduler to executors (physical
+//! plans).
+//!
+//! Every Basin node is encoded as `BASIN` + a one-byte kind + JSON. Anything else is handed
+//! to Ballista's codecs, which cover Ballista's shuffle nodes and DataFusion's file formats.
+
+use std::sync::Arc;
+
+use ballista_core::serde::{BallistaLogicalExtensionCodec, BallistaPhysicalExtensionCodec};
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::TableProvider;
+use datafusion::datasource::file_format::FileFormatFactory;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::TaskContext;
+use datafusion::logical_expr::{Extension, LogicalPlan};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::sql::TableReference;
+use datafusion_proto::logical_plan::LogicalExtensionCodec;
+use datafusion_proto::physical_plan::PhysicalExtensionCodec;
+use serde::{Deserialize, Serialize};
+
+use crate::tpch::{TpchOptions, TpchScanExec, TpchScanSpec, TpchTable, TpchTableProvider};
+
+const MAGIC: &[u8] = b"BASIN";
+
+/// Kinds of Basin-encoded objects.
+#[repr(u8)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    TpchTable = 1,
+    TpchScan = 2,
+}
+
+fn encode_json<T: Serialize>(kind: Kind, value: &T, buf: &mut Vec<u8>) -> Result<()> {
+    buf.extend_from_slice(MAGIC);
+    buf.push(kind as u8);
+    serde_json::to_writer(buf, value)
+        .map_err(|e| DataFusionError::Internal(format!("cannot encode Basin plan node: {e}")))
+}
+
+/// Splits a Basin-encoded buffer into its kind and payload, or `None` for foreign bytes.
+fn basin_payload(buf: &[u8]) -> Option<(u8, &[u8])> {
+    let rest = buf.strip_prefix(MAGIC)?;
+    let (&kind, payload) = rest.split_first()?;
+    Some((kind, payload))
+}
+
+fn decode_json<'a, T: Deserialize<'a>>(payload: &'a [u8]) -> Result<T> {
+    serde_json::from_slice(payload).map_err(|e| {
+        DataFusionError::Internal(format!(
+            "cannot decode Basin plan node (are scheduler and executors the same Basin \
+             version?): {e}"
+        ))
+    })
+}
+
+#[derive(Serialize, Deserialize)]
+struct TpchTableWire {
+    table: TpchTable,
+    scale_factor: f64,
+    rows_per_partition: usize,
+    min_partitions: usize,
+}
+
+/// Logical codec: Basin's table providers, then Ballista's.
+#[derive(Debug, Default)]
+pub struct BasinLogicalCodec {
+    inner: BallistaLogicalExtensionCodec,
+}
+
+impl LogicalExtensionCodec for BasinLogicalCodec {
+    fn try_decode(
+        &self,
+        buf: &[u8],
+        inputs: &[LogicalPlan],
+        ctx: &TaskContext,
+    ) -> Result<Extension> {
+        self.inner.try_decode(buf, inputs, ctx)
+    }
+
+    fn try_encode(&self, node: &Extension, buf: &mut Vec<u8>) -> Result<()> {
+        self.inner.try_encode(node, buf)
+    }
+
+    fn try_decode_table_provider(
+        &self,
+        buf: &[u8],
+        table_ref: &TableReference,
+        schema: SchemaRef,
+        ctx: &TaskContext,
+    ) -> Result<Arc<dyn TableProvider>> {
+        match basin_payload(buf) {
+            Some((k, payload)) if k == Kind::TpchTable as u8 => {
+                let wire: TpchTableWire = decode_json(payload)?;
+                Ok(Arc::new(TpchTableProvider::new(
+                    wire.table,
+                    wire.scale_factor,
+                    TpchOptions {
+                        rows_per_partition: wire.rows_per_partition,
+                        min_partitions: wire.min_partitions,
+                    },
+                )))
+            }
+            Some((k, _)) => Err(DataFusionError::Internal(format!(
+                "unknown Basin table provider kind {k} for {table_ref}"
+            ))),
+            None => self
+                .inner
+                .try_decode_table_provider(buf, table_ref, schema, ctx),
+        }
+    }
+
+    fn try_encode_table_provider(
+        &self,
+        table_ref: &TableReference,
+        node: Arc<dyn TableProvider>,
+        buf: &mut Vec<u8>,
+    ) -> Result<()> {
+        if let Some(t) = node.as_any().downcast_ref::<TpchTableProvider>() {
+            let options = t.options();
+            return encode_json(
+                Kind::TpchTable,
+                &TpchTableWire {
+                    table: t.table(),
+                    scale_factor: t.scale_factor(),
+                    rows_per_partition: options.rows_per_partition,
+                    min_partitions: options.min_partitions,
+                },
+                buf,
+            );
+        }
+        self.inner.try_encode_table_provider(table_ref, node, buf)
+    }
+
+    fn try_decode_file_format(
+        &self,
+        buf: &[u8],
+        ctx: &TaskContext,
+    ) -> Result<Arc<dyn FileFormatFactory>> {
+        self.inner.try_decode_file_format(buf, ctx)
+    }
+
+    fn try_encode_file_format(
+        &self,
+        buf: &mut Vec<u8>,
+        node: Arc<dyn FileFormatFactory>,
+    ) -> Result<()> {
+        self.inner.try_encode_file_format(buf, node)
+    }
+}
+
+/// Physical codec: Basin's execution plans, then Ballista's.
+#[derive(Debug, Default)]
+pub struct BasinPhysicalCodec {
+    inner: BallistaPhysicalExtensionCodec,
+}
+
+impl PhysicalExtensionCodec for BasinPhysicalCodec {
+    fn try_decode(
+        &self,
+        buf: &[u8],
+        inputs: &[Arc<dyn ExecutionPlan>],
+        ctx: &TaskContext,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        match basin_payload(buf) {
+            Some((k, payload)) if k == Kind::TpchScan as u8 => {
+                let spec: TpchScanSpec = decode_json(payload)?;
+                Ok(Arc::new(TpchScanExec::try_new(spec)?))
+            }
+            Some((k, _)) => Err(DataFusionError::Internal(format!(
+                "unknown Basin execution plan kind {k}"
+            ))),
+            None => self.inner.try_decode(buf, inputs, ctx),
+        }
+    }
+
+    fn try_encode(&self, node: Arc<dyn ExecutionPlan>, buf: &mut Vec<u8>) -> Result<()> {
+        if let Some(scan) = node.as_any().downcast_ref::<TpchScanExec>() {
+            return encode_json(Kind::TpchScan, scan.spec(), buf);
+        }
+        self.inner.try_encode(node, buf)
+    }
+}
+
+/// The logical codec, shared.
+pub fn logical_codec() -> Arc<dyn LogicalExtensionCodec> {
+    Arc::new(BasinLogicalCodec::default())
+}
+
+/// The physical codec, shared.
+pub fn physical_codec() -> Arc<dyn PhysicalExtensionCodec> {
+    Arc::new(BasinPhysicalCodec::default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::prelude::SessionContext;
+
+    #[test]
+    fn tpch_scan_round_trips() {
+        let spec = TpchScanSpec {
+            table: TpchTable::LineItem,
+            scale_factor: 0.01,
+            parts: 3,
+            projection: Some(vec![0, 4]),
+            limit: Some(7),
+        };
+        let exec: Arc<dyn ExecutionPlan> = Arc::new(TpchScanExec::try_new(spec.clone()).unwrap());
+        let codec = BasinPhysicalCodec::default();
+        let mut buf = vec![];
+        codec.try_encode(exec, &mut buf).unwrap();
+        let ctx = SessionContext::new();
+        let back = codec.try_decode(&buf, &[], &ctx.task_ctx()).unwrap();
+        let back = back.as_any().downcast_ref::<TpchScanExec>().unwrap();
+        assert_eq!(back.spec(), &spec);
+    }
+
+    #[test]
+    fn foreign_bytes_go_to_ballista() {
+        let codec = BasinPhysicalCodec::default();
+        let ctx = SessionContext::new();
+        assert!(codec.try_decode(b"garbage", &[], &ctx.task_ctx()).is_err());
+    }
+}

@@ -1,0 +1,349 @@
+//! `basin.toml`: the one configuration file of a Basin process.
+//!
+//! ```toml
+//! [server]
+//! data_dir = "./basin-data"
+//!
+//! [storage.s3]
+//! endpoint = "http://127.0.0.1:8333"
+//! region = "us-east-1"
+//! access_key_id = "${env:AWS_ACCESS_KEY_ID}"
+//! secret_access_key = "${env:AWS_SECRET_ACCESS_KEY}"
+//! path_style = true
+//!
+//! [catalogs.tpch]
+//! connector = "tpch"
+//! ```
+//!
+//! Every string value may contain `${env:VAR}`, replaced by the variable's value when the
+//! file is loaded. Unknown keys, missing required keys and bad values are errors that name
+//! the file, the line, the catalog and the key. docs/configuration.md documents each key.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Deserializer};
+
+use crate::error::{BasinError, Result};
+use crate::secret::Secret;
+
+/// The whole configuration of a Basin process.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BasinConfig {
+    /// Process settings.
+    #[serde(default)]
+    pub server: ServerConfig,
+    /// Object storage settings, shared by file tables and (later) Iceberg warehouses.
+    #[serde(default)]
+    pub storage: StorageConfig,
+    /// Catalogs by name.
+    #[serde(default)]
+    pub catalogs: BTreeMap<String, CatalogConfig>,
+    /// The file this configuration came from, if any.
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
+}
+
+/// `[server]`: where a Basin process keeps its files and how it is reached.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Directory for anything Basin keeps on disk (shuffle files, the embedded lake).
+    #[serde(deserialize_with = "env_path")]
+    pub data_dir: PathBuf,
+    /// Address the scheduler and executors bind to.
+    #[serde(deserialize_with = "env_string")]
+    pub bind_host: String,
+    /// The scheduler's gRPC port.
+    pub scheduler_port: u16,
+    /// Task slots per executor (0 = number of cores).
+    pub executor_task_slots: usize,
+    /// Default number of partitions a query is split into (0 = total task slots).
+    pub target_partitions: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("./basin-data"),
+            bind_host: "127.0.0.1".to_string(),
+            scheduler_port: 50050,
+            executor_task_slots: 0,
+            target_partitions: 0,
+        }
+    }
+}
+
+/// `[storage]`: object stores.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StorageConfig {
+    /// `[storage.s3]`: S3 and S3-compatible stores (MinIO, SeaweedFS, AWS).
+    pub s3: Option<S3Config>,
+}
+
+/// `[storage.s3]`: settings for every `s3://bucket/...` location.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct S3Config {
+    /// Endpoint URL of an S3-compatible store, e.g. `http://127.0.0.1:8333`.
+    #[serde(default, deserialize_with = "env_string_opt")]
+    pub endpoint: Option<String>,
+    /// Region (default `us-east-1`).
+    #[serde(default, deserialize_with = "env_string_opt")]
+    pub region: Option<String>,
+    /// Access key id.
+    #[serde(default, deserialize_with = "env_string_opt")]
+    pub access_key_id: Option<String>,
+    /// Secret access key.
+    #[serde(default)]
+    pub secret_access_key: Option<Secret>,
+    /// Session token for temporary credentials.
+    #[serde(default)]
+    pub session_token: Option<Secret>,
+    /// Path-style requests (`endpoint/bucket/key`), needed by most S3-compatible stores.
+    #[serde(default)]
+    pub path_style: bool,
+    /// Allow plain HTTP (default: true when the endpoint starts with `http://`).
+    #[serde(default)]
+    pub allow_http: Option<bool>,
+}
+
+/// A catalog: its connector kind and that connector's options.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "connector", rename_all = "lowercase")]
+pub enum CatalogConfig {
+    /// The built-in TPC-H data generator.
+    Tpch(TpchCatalogConfig),
+}
+
+impl CatalogConfig {
+    /// The connector kind, as written in the file.
+    pub fn connector(&self) -> &'static str {
+        match self {
+            CatalogConfig::Tpch(_) => "tpch",
+        }
+    }
+}
+
+/// Options of a `connector = "tpch"` catalog.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TpchCatalogConfig {
+    /// Rows per generated partition (default 100 000); smaller means more parallelism.
+    pub rows_per_partition: Option<usize>,
+}
+
+impl BasinConfig {
+    /// The configuration used when no file is given: the built-in `tpch` catalog.
+    pub fn embedded() -> Self {
+        let mut config = Self::default();
+        config.add_builtin_catalogs();
+        config
+    }
+
+    /// Loads and validates a configuration file.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| BasinError::ConfigRead {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_toml_str(&text, path)
+    }
+
+    /// Parses and validates configuration text; `path` is only used in messages.
+    pub fn from_toml_str(text: &str, path: &Path) -> Result<Self> {
+        let mut config: BasinConfig = toml::from_str(text).map_err(|e| BasinError::Config {
+            path: path.to_path_buf(),
+            message: describe_toml_error(text, &e),
+        })?;
+        config.source = Some(path.to_path_buf());
+        config.validate().map_err(|message| BasinError::Config {
+            path: path.to_path_buf(),
+            message,
+        })?;
+        config.add_builtin_catalogs();
+        Ok(config)
+    }
+
+    fn validate(&self) -> std::result::Result<(), String> {
+        for name in self.catalogs.keys() {
+            let valid = !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+                && !name.starts_with(|c: char| c.is_ascii_digit());
+            if !valid {
+                return Err(format!(
+                    "catalog name `{name}` is not valid: use lowercase letters, digits and _, \
+                     starting with a letter"
+                ));
+            }
+        }
+        if self.server.bind_host.trim().is_empty() {
+            return Err("[server] bind_host must not be empty".to_string());
+        }
+        Ok(())
+    }
+
+    /// Adds the built-in catalogs (`tpch`) unless the file defines a catalog of that name.
+    fn add_builtin_catalogs(&mut self) {
+        self.catalogs
+            .entry("tpch".to_string())
+            .or_insert_with(|| CatalogConfig::Tpch(TpchCatalogConfig::default()));
+    }
+}
+
+impl fmt::Display for BasinConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
+/// Turns a TOML error into one line: where, which catalog, what.
+fn describe_toml_error(text: &str, err: &toml::de::Error) -> String {
+    let message = err.message().trim().replace('\n', " ");
+    let Some(span) = err.span() else {
+        return message;
+    };
+    let before = &text[..span.start.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
+    let mut location = format!("line {line}, column {column}");
+    // The nearest enclosing `[catalogs.NAME]` header names the catalog.
+    let header = before
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('[') && !l.starts_with("[["));
+    if let Some(name) = header
+        .and_then(|h| h.strip_prefix("[catalogs."))
+        .and_then(|h| h.strip_suffix(']'))
+    {
+        location.push_str(&format!(" (catalog `{}`)", name.trim_matches('"')));
+    } else if let Some(h) = header {
+        location.push_str(&format!(" (section {h})"));
+    }
+    format!("{location}: {message}")
+}
+
+/// Replaces each `${env:VAR}` in `value`.
+pub fn interpolate_env(value: &str) -> std::result::Result<String, String> {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(start) = rest.find("${env:") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 6..];
+        let end = after
+            .find('}')
+            .ok_or_else(|| format!("unterminated `${{env:` in `{value}`"))?;
+        let var = &after[..end];
+        if var.is_empty() {
+            return Err("empty variable name in `${env:}`".to_string());
+        }
+        let v = std::env::var(var).map_err(|_| {
+            format!("environment variable {var} is not set (referenced as ${{env:{var}}})")
+        })?;
+        out.push_str(&v);
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+fn env_string<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<String, D::Error> {
+    let raw = String::deserialize(d)?;
+    interpolate_env(&raw).map_err(serde::de::Error::custom)
+}
+
+fn env_string_opt<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<String>, D::Error> {
+    env_string(d).map(Some)
+}
+
+fn env_path<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<PathBuf, D::Error> {
+    env_string(d).map(PathBuf::from)
+}
+
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        env_string(d).map(Secret::new)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<BasinConfig> {
+        BasinConfig::from_toml_str(text, Path::new("basin.toml"))
+    }
+
+    #[test]
+    fn empty_file_gives_builtin_tpch() {
+        let c = parse("").unwrap();
+        assert!(matches!(c.catalogs.get("tpch"), Some(CatalogConfig::Tpch(_))));
+        assert_eq!(c.server.bind_host, "127.0.0.1");
+    }
+
+    #[test]
+    fn unknown_key_names_file_line_catalog_and_key() {
+        let err = parse("[catalogs.gen]\nconnector = \"tpch\"\nbogus = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("basin.toml"), "{err}");
+        assert!(err.contains("catalog `gen`"), "{err}");
+        assert!(err.contains("bogus"), "{err}");
+        assert!(err.contains("line "), "{err}");
+    }
+
+    #[test]
+    fn unknown_connector_lists_supported() {
+        let err = parse("[catalogs.x]\nconnector = \"oracle9\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("oracle9") && err.contains("tpch"), "{err}");
+    }
+
+    #[test]
+    fn missing_connector_is_an_error() {
+        let err = parse("[catalogs.x]\nrows_per_partition = 5\n").unwrap_err().to_string();
+        assert!(err.contains("connector"), "{err}");
+    }
+
+    #[test]
+    fn bad_value_type() {
+        let err = parse("[server]\nscheduler_port = \"abc\"\n").unwrap_err().to_string();
+        assert!(err.contains("line 2") && err.contains("[server]"), "{err}");
+    }
+
+    #[test]
+    fn env_interpolation_and_secret_redaction() {
+        // SAFETY: test-only variable name, not read by other tests.
+        unsafe { std::env::set_var("BASIN_TEST_CFG_SECRET", "s3cr3t-value") };
+        let c = parse(
+            "[storage.s3]\naccess_key_id = \"id\"\nsecret_access_key = \"${env:BASIN_TEST_CFG_SECRET}\"\n",
+        )
+        .unwrap();
+        let s3 = c.storage.s3.as_ref().unwrap();
+        assert_eq!(s3.secret_access_key.as_ref().unwrap().expose(), "s3cr3t-value");
+        let shown = format!("{c:?} {c}");
+        assert!(!shown.contains("s3cr3t-value"), "{shown}");
+    }
+
+    #[test]
+    fn missing_env_var_is_named() {
+        let err = parse("[storage.s3]\nsecret_access_key = \"${env:BASIN_TEST_SURELY_UNSET}\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("BASIN_TEST_SURELY_UNSET"), "{err}");
+        assert!(err.contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn invalid_catalog_name() {
+        let err = parse("[catalogs.Bad-Name]\nconnector = \"tpch\"\n").unwrap_err().to_string();
+        assert!(err.contains("Bad-Name"), "{err}");
+    }
+}

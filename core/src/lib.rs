@@ -1,0 +1,18 @@
+//! Basin's shared pieces: the `basin.toml` configuration model and the error type that the
+//! scheduler, the executors and the connectors all use.
+//!
+//! ```text
+//!   basin.toml ──► BasinConfig ──► scheduler (catalogs, front end)
+//!                              └─► executor  (object stores, connector runtime)
+//! ```
+//!
+//! Secrets are read from the environment with `${env:VAR}` and held in [`Secret`], whose
+//! `Debug` and `Display` never show the value.
+
+pub mod config;
+pub mod error;
+pub mod secret;
+
+pub use config::{BasinConfig, CatalogConfig, S3Config, ServerConfig, StorageConfig};
+pub use error::{BasinError, Result};
+pub use secret::Secret;

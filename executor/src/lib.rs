@@ -1,0 +1,185 @@
+//! The Basin executor: a Ballista executor that knows Basin's plan codec, opens the object
+//! stores of `basin.toml`, and records which tasks it ran.
+//!
+//! ```text
+//!  scheduler ──tasks (push)──► executor ──► TpchScanExec / file scans / joins / aggregates
+//!                                  │  shuffle files in the work dir, served over Flight
+//!                                  └────────────► other executors and the client
+//! ```
+
+mod engine;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ballista_core::config::TaskSchedulingPolicy;
+use ballista_core::{ConfigProducer, RuntimeProducer};
+use ballista_executor::executor_process::{ExecutorProcessConfig, start_executor_process};
+use basin_connectors::catalogs::runtime_env;
+use basin_connectors::codec::{logical_codec, physical_codec};
+use basin_core::{BasinConfig, BasinError, Result};
+use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+
+pub use engine::{TaskLog, TaskRecord};
+
+/// Where an executor listens and which scheduler it joins.
+#[derive(Debug, Clone)]
+pub struct ExecutorOptions {
+    /// Address to bind (default 127.0.0.1).
+    pub bind_host: String,
+    /// Host name the scheduler and other executors use to reach this executor.
+    pub external_host: String,
+    /// Arrow Flight port (shuffle data); 0 picks a free port.
+    pub flight_port: u16,
+    /// gRPC port for task launches; 0 picks a free port.
+    pub grpc_port: u16,
+    /// Scheduler host.
+    pub scheduler_host: String,
+    /// Scheduler gRPC port.
+    pub scheduler_port: u16,
+    /// Concurrent tasks (0 = number of cores).
+    pub task_slots: usize,
+    /// Directory for shuffle and spill files (default: a fresh directory under the data dir).
+    pub work_dir: Option<PathBuf>,
+    /// Seconds to keep retrying the first connection to the scheduler.
+    pub connect_timeout_seconds: u16,
+    /// Seconds between heartbeats.
+    pub heartbeat_seconds: u64,
+    /// Records the tasks this executor ran (for tests and `EXPLAIN`-style diagnostics).
+    pub task_log: Option<TaskLog>,
+}
+
+impl ExecutorOptions {
+    /// Options for an executor of the scheduler at `scheduler_host:scheduler_port`.
+    pub fn new(config: &BasinConfig, scheduler_host: &str, scheduler_port: u16) -> Self {
+        Self {
+            bind_host: config.server.bind_host.clone(),
+            external_host: config.server.bind_host.clone(),
+            flight_port: 0,
+            grpc_port: 0,
+            scheduler_host: scheduler_host.to_string(),
+            scheduler_port,
+            task_slots: config.server.executor_task_slots,
+            work_dir: None,
+            connect_timeout_seconds: 10,
+            heartbeat_seconds: 10,
+            task_log: None,
+        }
+    }
+}
+
+/// Number of task slots an executor with `configured` slots has.
+pub fn effective_task_slots(configured: usize) -> usize {
+    if configured > 0 {
+        configured
+    } else {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    }
+}
+
+/// Runs an executor until it is stopped (Ctrl-C, SIGTERM or the scheduler).
+pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<()> {
+    let flight = basin_scheduler_free_port(&options.bind_host, options.flight_port, "executor Flight service")?;
+    let grpc = basin_scheduler_free_port(&options.bind_host, options.grpc_port, "executor gRPC service")?;
+    let work_dir = match &options.work_dir {
+        Some(dir) => dir.clone(),
+        None => config
+            .server
+            .data_dir
+            .join("executor")
+            .join(format!("{}-{flight}", options.external_host)),
+    };
+    std::fs::create_dir_all(&work_dir).map_err(|e| {
+        BasinError::Invalid(format!(
+            "cannot create the executor work directory {}: {e}",
+            work_dir.display()
+        ))
+    })?;
+    let work_dir_str = work_dir.to_string_lossy().to_string();
+
+    // One runtime for all tasks: object stores from the configuration, spills in the work dir.
+    let base = runtime_env(&config)?;
+    let runtime = RuntimeEnvBuilder::from_runtime_env(&base)
+        .with_disk_manager_builder(
+            DiskManagerBuilder::default()
+                .with_mode(DiskManagerMode::Directories(vec![work_dir.clone()])),
+        )
+        .build_arc()?;
+    let runtime_producer: RuntimeProducer = Arc::new(move |_| Ok(runtime.clone()));
+    let config_producer: ConfigProducer = basin_config_producer();
+
+    let slots = effective_task_slots(options.task_slots);
+    let process_config = ExecutorProcessConfig {
+        bind_host: options.bind_host.clone(),
+        external_host: Some(options.external_host.clone()),
+        port: flight,
+        grpc_port: grpc,
+        scheduler_host: options.scheduler_host.clone(),
+        scheduler_port: options.scheduler_port,
+        scheduler_connect_timeout_seconds: options.connect_timeout_seconds,
+        concurrent_tasks: slots,
+        task_scheduling_policy: TaskSchedulingPolicy::PushStaged,
+        work_dir: Some(work_dir_str),
+        print_thread_info: false,
+        executor_heartbeat_interval_seconds: options.heartbeat_seconds,
+        override_runtime_producer: Some(runtime_producer),
+        override_config_producer: Some(config_producer),
+        override_logical_codec: Some(logical_codec()),
+        override_physical_codec: Some(physical_codec()),
+        override_execution_engine: Some(Arc::new(engine::LoggingEngine::new(
+            format!("{}:{flight}", options.external_host),
+            options.task_log.clone(),
+        ))),
+        ..Default::default()
+    };
+    tracing::info!(
+        flight = %format!("{}:{flight}", options.bind_host),
+        scheduler = %format!("{}:{}", options.scheduler_host, options.scheduler_port),
+        slots,
+        work_dir = %work_dir.display(),
+        "Basin executor starting"
+    );
+    let process_config = Arc::new(process_config);
+    // Ballista 53 registers with the scheduler right after spawning the executor's gRPC
+    // server, and the scheduler immediately connects back: when the server is not yet
+    // listening, registration fails ("TODO" in ballista-executor's executor_server.rs).
+    // Nothing has been started for the executor at that point, so trying again is safe.
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match start_executor_process(process_config.clone()).await {
+            Ok(()) => return Ok(()),
+            Err(e) if attempt < 10 && e.to_string().contains("registration") => {
+                tracing::debug!(attempt, error = %e, "executor registration raced its gRPC server; retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(100 * attempt)).await;
+            }
+            Err(e) => {
+                return Err(BasinError::Invalid(format!(
+                    "executor stopped: {e} (is the scheduler at {}:{} running?)",
+                    options.scheduler_host, options.scheduler_port
+                )));
+            }
+        }
+    }
+}
+
+fn basin_config_producer() -> ConfigProducer {
+    use ballista_core::extension::SessionConfigExt;
+    Arc::new(|| {
+        datafusion::prelude::SessionConfig::new_with_ballista()
+            .with_ballista_logical_extension_codec(logical_codec())
+            .with_ballista_physical_extension_codec(physical_codec())
+    })
+}
+
+fn basin_scheduler_free_port(host: &str, port: u16, what: &str) -> Result<u16> {
+    let listener = std::net::TcpListener::bind((host, port)).map_err(|e| {
+        BasinError::Invalid(format!(
+            "cannot listen on {host}:{port} for the {what}: {e} (choose another port)"
+        ))
+    })?;
+    Ok(listener.local_addr()?.port())
+}

@@ -1,0 +1,17 @@
+//! The Basin scheduler: front-end sessions (catalogs from `basin.toml`, Basin's table
+//! functions) and the Ballista scheduler that splits each query into stages and hands the
+//! tasks to executors.
+//!
+//! ```text
+//!  client SQL ─► frontend::connect (SessionContext: catalogs, read_*(), Ballista planner)
+//!                   │ logical plan, encoded by basin-connectors' codec
+//!                   ▼
+//!  server::start ─► Ballista scheduler (push-staged) ─► tasks ─► executors
+//! ```
+
+pub mod frontend;
+pub mod server;
+pub mod session;
+
+pub use frontend::connect;
+pub use server::{SchedulerHandle, SchedulerOptions, start};

@@ -1,0 +1,176 @@
+//! Starting the Ballista scheduler with Basin's codecs and sessions.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ballista_core::config::TaskSchedulingPolicy;
+use ballista_scheduler::cluster::BallistaCluster;
+use ballista_scheduler::config::{SchedulerConfig, TaskDistributionPolicy};
+use ballista_scheduler::scheduler_process::{create_scheduler, start_grpc_service};
+use ballista_scheduler::scheduler_server::SchedulerServer;
+use basin_connectors::catalogs::runtime_env;
+use basin_connectors::codec::{logical_codec, physical_codec};
+use basin_core::{BasinConfig, BasinError, Result};
+use datafusion_proto::protobuf::{LogicalPlanNode, PhysicalPlanNode};
+use tokio::task::JoinHandle;
+
+use crate::session::{config_producer, session_builder};
+
+/// Where and how the scheduler listens.
+#[derive(Debug, Clone)]
+pub struct SchedulerOptions {
+    /// Address to bind (default 127.0.0.1).
+    pub bind_host: String,
+    /// gRPC port; 0 picks a free port.
+    pub port: u16,
+    /// Host name executors and clients use to reach this scheduler.
+    pub external_host: String,
+    /// Seconds without a heartbeat after which an executor is considered lost.
+    pub executor_timeout_seconds: u64,
+}
+
+impl SchedulerOptions {
+    /// Options from `[server]`.
+    pub fn from_config(config: &BasinConfig) -> Self {
+        Self {
+            bind_host: config.server.bind_host.clone(),
+            port: config.server.scheduler_port,
+            external_host: config.server.bind_host.clone(),
+            executor_timeout_seconds: 60,
+        }
+    }
+}
+
+/// A running scheduler.
+pub struct SchedulerHandle {
+    /// The address it listens on.
+    pub addr: SocketAddr,
+    server: SchedulerServer<LogicalPlanNode, PhysicalPlanNode>,
+    task: JoinHandle<()>,
+}
+
+/// An executor registered with the scheduler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecutorInfo {
+    pub id: String,
+    pub host: String,
+    pub port: u16,
+    pub task_slots: u32,
+}
+
+impl SchedulerHandle {
+    /// `http://host:port` for clients and executors.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The executors that have registered.
+    pub async fn executors(&self) -> Vec<ExecutorInfo> {
+        let state = self
+            .server
+            .state
+            .executor_manager
+            .get_executors_state()
+            .await
+            .unwrap_or_default();
+        state
+            .into_iter()
+            .map(|(m, _, _)| ExecutorInfo {
+                id: m.id,
+                host: m.host,
+                port: m.port,
+                task_slots: m.specification.task_slots,
+            })
+            .collect()
+    }
+
+    /// Waits until at least `n` executors have registered.
+    pub async fn wait_for_executors(&self, n: usize, timeout: Duration) -> Result<Vec<ExecutorInfo>> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let executors = self.executors().await;
+            if executors.len() >= n {
+                return Ok(executors);
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(BasinError::Invalid(format!(
+                    "only {} of {n} executors registered with the scheduler at {} within {:?}",
+                    executors.len(),
+                    self.addr,
+                    timeout
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Stops the scheduler.
+    pub fn stop(&self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for SchedulerHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Binds `host:port` to check it is free (and to resolve port 0), then releases it.
+pub fn reserve_port(host: &str, port: u16, what: &str) -> Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind((host, port)).map_err(|e| {
+        BasinError::Invalid(format!(
+            "cannot listen on {host}:{port} for the {what}: {e} (choose another port or stop \
+             the process using it)"
+        ))
+    })?;
+    Ok(listener.local_addr()?)
+}
+
+/// Starts the scheduler and returns once it accepts connections.
+pub async fn start(config: Arc<BasinConfig>, options: SchedulerOptions) -> Result<SchedulerHandle> {
+    let addr = reserve_port(&options.bind_host, options.port, "scheduler")?;
+    let runtime = runtime_env(&config)?;
+    let mut scheduler_config = SchedulerConfig::default()
+        .with_hostname(options.external_host.clone())
+        .with_port(addr.port())
+        .with_scheduler_policy(TaskSchedulingPolicy::PushStaged)
+        .with_task_distribution(TaskDistributionPolicy::RoundRobin)
+        .with_override_config_producer(config_producer())
+        .with_override_session_builder(session_builder(runtime));
+    scheduler_config.bind_host = options.bind_host.clone();
+    scheduler_config.executor_timeout_seconds = options.executor_timeout_seconds;
+    scheduler_config.override_logical_codec = Some(logical_codec());
+    scheduler_config.override_physical_codec = Some(physical_codec());
+    let scheduler_config = Arc::new(scheduler_config);
+
+    let cluster = BallistaCluster::new_from_config(&scheduler_config)
+        .await
+        .map_err(|e| BasinError::Invalid(format!("cannot create the scheduler: {e}")))?;
+    let scheduler =
+        create_scheduler::<LogicalPlanNode, PhysicalPlanNode>(cluster, scheduler_config)
+            .await
+            .map_err(|e| BasinError::Invalid(format!("cannot create the scheduler: {e}")))?;
+    let server = scheduler.clone();
+    let task = tokio::spawn(async move {
+        if let Err(e) = start_grpc_service(addr, scheduler).await {
+            tracing::error!(error = %e, "scheduler stopped");
+        }
+    });
+    // Wait until the port accepts connections.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            break;
+        }
+        if task.is_finished() || tokio::time::Instant::now() > deadline {
+            return Err(BasinError::Invalid(format!(
+                "the scheduler did not start listening on {addr}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tracing::info!(%addr, "Basin scheduler listening");
+    Ok(SchedulerHandle { addr, server, task })
+}

@@ -1,0 +1,43 @@
+//! The scheduler-side session: how the scheduler turns a client's logical plan into a
+//! distributed physical plan.
+
+use std::sync::Arc;
+
+use ballista_core::ConfigProducer;
+use ballista_core::extension::{
+    SessionConfigExt, ballista_aggregate_functions, ballista_scalar_functions,
+    ballista_window_functions,
+};
+use ballista_scheduler::scheduler_server::SessionBuilder;
+use basin_connectors::codec::{logical_codec, physical_codec};
+use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::prelude::SessionConfig;
+
+/// The session configuration every Basin process starts from.
+pub fn base_config() -> SessionConfig {
+    SessionConfig::new_with_ballista()
+        .with_information_schema(true)
+        .with_default_catalog_and_schema("basin", "public")
+        .with_ballista_logical_extension_codec(logical_codec())
+        .with_ballista_physical_extension_codec(physical_codec())
+}
+
+/// Produces the scheduler's base configuration.
+pub fn config_producer() -> ConfigProducer {
+    Arc::new(base_config)
+}
+
+/// Builds scheduler sessions that share one runtime (object stores from `basin.toml`).
+pub fn session_builder(runtime: Arc<RuntimeEnv>) -> SessionBuilder {
+    Arc::new(move |config: SessionConfig| {
+        Ok(SessionStateBuilder::new()
+            .with_default_features()
+            .with_config(config)
+            .with_runtime_env(runtime.clone())
+            .with_scalar_functions(ballista_scalar_functions())
+            .with_aggregate_functions(ballista_aggregate_functions())
+            .with_window_functions(ballista_window_functions())
+            .build())
+    })
+}
