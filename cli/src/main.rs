@@ -196,10 +196,9 @@ async fn standalone(args: StandaloneArgs) -> Result<(), String> {
         return Ok(());
     }
     let ctx = cluster.connect().map_err(|e| e.to_string())?;
-    let stdout = std::io::stdout();
     for (origin, sql) in scripts {
-        let mut out = stdout.lock();
         run_sql(&ctx, &sql, &mut |result| {
+            let mut out = std::io::stdout().lock();
             write_result(&mut out, &result, args.format)?;
             out.flush()
                 .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))

@@ -18,7 +18,7 @@ pub struct StatementResult {
 pub async fn run_sql(
     ctx: &SessionContext,
     sql: &str,
-    on_result: &mut dyn FnMut(StatementResult) -> Result<()>,
+    on_result: &mut (dyn FnMut(StatementResult) -> Result<()> + Send),
 ) -> Result<()> {
     let statements = DFParser::parse_sql(sql)?;
     if statements.is_empty() {

@@ -9,7 +9,10 @@ use std::sync::Arc;
 
 use ballista_core::serde::{BallistaLogicalExtensionCodec, BallistaPhysicalExtensionCodec};
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::ipc::reader::StreamReader;
+use datafusion::arrow::ipc::writer::StreamWriter;
 use datafusion::catalog::TableProvider;
+use datafusion::datasource::MemTable;
 use datafusion::datasource::file_format::FileFormatFactory;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
@@ -30,6 +33,7 @@ const MAGIC: &[u8] = b"BASIN";
 enum Kind {
     TpchTable = 1,
     TpchScan = 2,
+    MemTable = 3,
 }
 
 fn encode_json<T: Serialize>(kind: Kind, value: &T, buf: &mut Vec<u8>) -> Result<()> {
@@ -61,6 +65,50 @@ struct TpchTableWire {
     scale_factor: f64,
     rows_per_partition: usize,
     min_partitions: usize,
+}
+
+/// Memory tables (`CREATE TABLE … AS`, `VALUES`) travel with their data: each partition
+/// as an Arrow IPC stream, preceded by its length.
+fn encode_mem_table(table: &MemTable, buf: &mut Vec<u8>) -> Result<()> {
+    buf.extend_from_slice(MAGIC);
+    buf.push(Kind::MemTable as u8);
+    buf.extend_from_slice(&(table.batches.len() as u32).to_le_bytes());
+    for partition in &table.batches {
+        let batches = partition.try_read().map_err(|_| {
+            DataFusionError::Execution(
+                "a memory table is being written while a query reads it; retry".to_string(),
+            )
+        })?;
+        let mut bytes = vec![];
+        {
+            let mut writer = StreamWriter::try_new(&mut bytes, &table.schema())?;
+            for batch in batches.iter() {
+                writer.write(batch)?;
+            }
+            writer.finish()?;
+        }
+        buf.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        buf.extend_from_slice(&bytes);
+    }
+    Ok(())
+}
+
+fn decode_mem_table(payload: &[u8], schema: SchemaRef) -> Result<MemTable> {
+    let corrupt = || DataFusionError::Internal("corrupt memory table in plan".to_string());
+    let (count, mut rest) = payload.split_first_chunk::<4>().ok_or_else(corrupt)?;
+    let mut partitions = Vec::with_capacity(u32::from_le_bytes(*count) as usize);
+    for _ in 0..u32::from_le_bytes(*count) {
+        let (len, tail) = rest.split_first_chunk::<8>().ok_or_else(corrupt)?;
+        let len = usize::try_from(u64::from_le_bytes(*len)).map_err(|_| corrupt())?;
+        if tail.len() < len {
+            return Err(corrupt());
+        }
+        let (bytes, tail) = tail.split_at(len);
+        let reader = StreamReader::try_new(bytes, None)?;
+        partitions.push(reader.collect::<std::result::Result<Vec<_>, _>>()?);
+        rest = tail;
+    }
+    MemTable::try_new(schema, partitions)
 }
 
 /// Logical codec: Basin's table providers, then Ballista's.
@@ -102,6 +150,9 @@ impl LogicalExtensionCodec for BasinLogicalCodec {
                     },
                 )))
             }
+            Some((k, payload)) if k == Kind::MemTable as u8 => {
+                Ok(Arc::new(decode_mem_table(payload, schema)?))
+            }
             Some((k, _)) => Err(DataFusionError::Internal(format!(
                 "unknown Basin table provider kind {k} for {table_ref}"
             ))),
@@ -129,6 +180,9 @@ impl LogicalExtensionCodec for BasinLogicalCodec {
                 },
                 buf,
             );
+        }
+        if let Some(t) = node.as_any().downcast_ref::<MemTable>() {
+            return encode_mem_table(t, buf);
         }
         self.inner.try_encode_table_provider(table_ref, node, buf)
     }

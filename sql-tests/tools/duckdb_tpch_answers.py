@@ -3,11 +3,18 @@
 
 What it does
 ------------
-1. Opens an in-memory DuckDB 1.5.5 database, loads the ``tpch`` extension from
-   the ``duckdb-extension-tpch`` wheel (never downloaded at run time) and runs
-   ``CALL dbgen(sf = 0.01)`` into an attached in-memory catalog ``tpch``,
-   schema ``tiny``.
-2. Takes the 22 query texts from ``SELECT query_nr, query FROM tpch_queries()``.
+1. Generates the eight TPC-H tables at SF 0.01 as Parquet files in a
+   temporary folder with ``tpchgen-cli`` 4.0.0 (the PyPI build of tpchgen-rs,
+   the generator Basin's ``tpch`` catalog uses through the ``tpchgen`` crate
+   4.0.0). DuckDB's own ``CALL dbgen`` is NOT used: its text columns (e.g.
+   ``s_address``, ``s_comment``) differ from tpchgen's for the same keys.
+2. Opens an in-memory DuckDB 1.5.5 database and loads every file into an
+   attached in-memory catalog ``tpch``, schema ``tiny``, casting each column
+   to the type Basin's catalog declares (see ``TABLE_COLUMNS``; the Parquet
+   types must already be those, or the tool stops) and checking the row
+   counts. Loads the ``tpch`` extension from the ``duckdb-extension-tpch``
+   wheel (never downloaded at run time) only for its query texts:
+   ``SELECT query_nr, query FROM tpch_queries()``.
 3. Rewrites each text minimally for Basin:
    * every reference to one of the eight TPC-H base tables is qualified as
      ``tpch.tiny.<table>`` (Basin's catalog ``tpch``, schema ``tiny``). The
@@ -28,8 +35,8 @@ What it does
    every result row (a LIMIT query must also have no tie across its LIMIT
    boundary, or the tool stops with an error).
 
-Optionally (``--verify-datafusion``) it also exports the generated tables to
-Parquet, registers them in a DataFusion ``SessionContext`` as catalog
+Optionally (``--verify-datafusion``) it also registers the same tpchgen-cli
+Parquet files in a DataFusion ``SessionContext`` as catalog
 ``tpch`` / schema ``tiny`` (nothing in the default schema, so an unqualified
 table name fails), runs every rewritten query there and checks column kinds
 and values against DuckDB's: numbers must agree within 1e-6 relative or,
@@ -39,12 +46,12 @@ DECIMAL(19,6) truncated to 6 places where DuckDB returns a DOUBLE).
 
 How to run
 ----------
-    pip install duckdb==1.5.5 duckdb-extension-tpch==1.5.5
+    pip install duckdb==1.5.5 duckdb-extension-tpch==1.5.5 tpchgen-cli==4.0.0
     python3 sql-tests/tools/duckdb_tpch_answers.py            # (re)write files
     python3 sql-tests/tools/duckdb_tpch_answers.py --check    # diff only
 
     # with the DataFusion cross-check (its own virtualenv is fine):
-    pip install duckdb==1.5.5 duckdb-extension-tpch==1.5.5 \\
+    pip install duckdb==1.5.5 duckdb-extension-tpch==1.5.5 tpchgen-cli==4.0.0 \\
         datafusion==53.0.0 pyarrow
     python3 sql-tests/tools/duckdb_tpch_answers.py --verify-datafusion
 
@@ -57,14 +64,19 @@ from __future__ import annotations
 import argparse
 import datetime
 import decimal
+import importlib.metadata
 import importlib.util
 import json
 import pathlib
 import re
+import shutil
+import subprocess
 import sys
+import sysconfig
 import tempfile
 
 DUCKDB_VERSION = "1.5.5"
+TPCHGEN_CLI_VERSION = "4.0.0"
 SCALE_FACTOR = 0.01
 CATALOG = "tpch"
 SCHEMA = "tiny"
@@ -79,6 +91,51 @@ TPCH_TABLES = (
     "region",
 )
 QUERY_COUNT = 22
+
+# Column types, as Basin's tpch catalog declares them (connectors/src/tpch/
+# tables.rs: Int64, Int32, Decimal128(15, 2), Date32, Utf8View) and as
+# tpchgen-cli's Parquet files hold them.
+_MONEY = "DECIMAL(15,2)"
+TABLE_COLUMNS: dict[str, list[tuple[str, str]]] = {
+    "nation": [("n_nationkey", "BIGINT"), ("n_name", "VARCHAR"),
+               ("n_regionkey", "BIGINT"), ("n_comment", "VARCHAR")],
+    "region": [("r_regionkey", "BIGINT"), ("r_name", "VARCHAR"), ("r_comment", "VARCHAR")],
+    "part": [("p_partkey", "BIGINT"), ("p_name", "VARCHAR"), ("p_mfgr", "VARCHAR"),
+             ("p_brand", "VARCHAR"), ("p_type", "VARCHAR"), ("p_size", "INTEGER"),
+             ("p_container", "VARCHAR"), ("p_retailprice", _MONEY), ("p_comment", "VARCHAR")],
+    "supplier": [("s_suppkey", "BIGINT"), ("s_name", "VARCHAR"), ("s_address", "VARCHAR"),
+                 ("s_nationkey", "BIGINT"), ("s_phone", "VARCHAR"), ("s_acctbal", _MONEY),
+                 ("s_comment", "VARCHAR")],
+    "partsupp": [("ps_partkey", "BIGINT"), ("ps_suppkey", "BIGINT"), ("ps_availqty", "INTEGER"),
+                 ("ps_supplycost", _MONEY), ("ps_comment", "VARCHAR")],
+    "customer": [("c_custkey", "BIGINT"), ("c_name", "VARCHAR"), ("c_address", "VARCHAR"),
+                 ("c_nationkey", "BIGINT"), ("c_phone", "VARCHAR"), ("c_acctbal", _MONEY),
+                 ("c_mktsegment", "VARCHAR"), ("c_comment", "VARCHAR")],
+    "orders": [("o_orderkey", "BIGINT"), ("o_custkey", "BIGINT"), ("o_orderstatus", "VARCHAR"),
+               ("o_totalprice", _MONEY), ("o_orderdate", "DATE"),
+               ("o_orderpriority", "VARCHAR"), ("o_clerk", "VARCHAR"),
+               ("o_shippriority", "INTEGER"), ("o_comment", "VARCHAR")],
+    "lineitem": [("l_orderkey", "BIGINT"), ("l_partkey", "BIGINT"), ("l_suppkey", "BIGINT"),
+                 ("l_linenumber", "INTEGER"), ("l_quantity", _MONEY),
+                 ("l_extendedprice", _MONEY), ("l_discount", _MONEY), ("l_tax", _MONEY),
+                 ("l_returnflag", "VARCHAR"), ("l_linestatus", "VARCHAR"),
+                 ("l_shipdate", "DATE"), ("l_commitdate", "DATE"), ("l_receiptdate", "DATE"),
+                 ("l_shipinstruct", "VARCHAR"), ("l_shipmode", "VARCHAR"),
+                 ("l_comment", "VARCHAR")],
+}
+assert sorted(TABLE_COLUMNS) == sorted(TPCH_TABLES)
+
+# Row counts at SF 0.01 (TPC-H spec cardinalities; lineitem as generated).
+EXPECTED_ROWS = {
+    "nation": 25,
+    "region": 5,
+    "part": 2000,
+    "supplier": 100,
+    "partsupp": 8000,
+    "customer": 1500,
+    "orders": 15000,
+    "lineitem": 60175,
+}
 
 # Engine-compatibility rewrites beyond table qualification, per query number:
 # (old text, new text, reason). Each `old` must occur exactly once. Keep them
@@ -110,7 +167,42 @@ def tpch_extension_path() -> pathlib.Path:
     sys.exit("no tpch.duckdb_extension file inside the duckdb_extension_tpch package")
 
 
-def open_duckdb():
+def tpchgen_cli() -> str:
+    """Path of the pinned tpchgen-cli executable (the tpchgen-cli wheel's script)."""
+    try:
+        installed = importlib.metadata.version("tpchgen-cli")
+    except importlib.metadata.PackageNotFoundError:
+        sys.exit(f"tpchgen-cli is not installed (pip install tpchgen-cli=={TPCHGEN_CLI_VERSION})")
+    if installed != TPCHGEN_CLI_VERSION:
+        sys.exit(f"need tpchgen-cli=={TPCHGEN_CLI_VERSION}, found {installed}")
+    exe = pathlib.Path(sysconfig.get_path("scripts")) / "tpchgen-cli"
+    path = str(exe) if exe.is_file() else shutil.which("tpchgen-cli")
+    if path is None:
+        sys.exit("the tpchgen-cli executable is not in this Python's scripts folder nor on PATH")
+    version = subprocess.run([path, "--version"], check=True, capture_output=True,
+                             text=True).stdout.strip()
+    if version != f"tpchgen-cli {TPCHGEN_CLI_VERSION}":
+        sys.exit(f"{path} --version says {version!r}, need tpchgen-cli {TPCHGEN_CLI_VERSION}")
+    return path
+
+
+def generate_data(data_dir: pathlib.Path) -> dict[str, pathlib.Path]:
+    """Write the eight tables at SCALE_FACTOR as Parquet files; return table -> file."""
+    subprocess.run(
+        [tpchgen_cli(), "parquet", "--scale-factor", str(SCALE_FACTOR),
+         "--output-dir", str(data_dir), "--num-threads", "1", "--quiet", "--no-progress"],
+        check=True,
+    )
+    files = {}
+    for table in TPCH_TABLES:
+        path = data_dir / f"{table}.parquet"
+        if not path.is_file():
+            sys.exit(f"tpchgen-cli wrote no {path}")
+        files[table] = path
+    return files
+
+
+def open_duckdb(files: dict[str, pathlib.Path]):
     import duckdb
 
     if duckdb.__version__ != DUCKDB_VERSION:
@@ -123,14 +215,28 @@ def open_duckdb():
             "threads": 1,
         },
     )
+    # The extension is needed only for tpch_queries(); the data is tpchgen-cli's.
     ext = tpch_extension_path()
     con.execute(f"LOAD '{ext.as_posix()}'")
-    # Generate the tables as tpch.tiny.<table>, as Basin names them, and keep
-    # the default schema (memory.main) empty: a query that still held an
+    # Load the tables as tpch.tiny.<table>, as Basin names them, and keep the
+    # default schema (memory.main) empty: a query that still held an
     # unqualified table name would fail to bind.
     con.execute(f"ATTACH ':memory:' AS {CATALOG}")
     con.execute(f"CREATE SCHEMA {CATALOG}.{SCHEMA}")
-    con.execute(f"CALL dbgen(sf = {SCALE_FACTOR}, catalog = '{CATALOG}', schema = '{SCHEMA}')")
+    for table in TPCH_TABLES:
+        source = f"read_parquet('{files[table].as_posix()}')"
+        found = [(r[0], r[1]) for r in con.execute(f"DESCRIBE SELECT * FROM {source}").fetchall()]
+        expected = TABLE_COLUMNS[table]
+        if found != expected:
+            sys.exit(f"{files[table]}: columns {found}, expected {expected}")
+        # The casts are no-ops today (checked just above); they pin the types.
+        columns = ", ".join(f"CAST({name} AS {ty}) AS {name}" for name, ty in expected)
+        con.execute(f"CREATE TABLE {CATALOG}.{SCHEMA}.{table} AS SELECT {columns} FROM {source}")
+        count = con.execute(f"SELECT count(*) FROM {CATALOG}.{SCHEMA}.{table}").fetchone()[0]
+        if count != EXPECTED_ROWS[table]:
+            sys.exit(f"{table}: {count} rows at SF {SCALE_FACTOR}, expected {EXPECTED_ROWS[table]}")
+    print(f"tpchgen-cli {TPCHGEN_CLI_VERSION} data at SF {SCALE_FACTOR} loaded: "
+          + ", ".join(f"{t} {EXPECTED_ROWS[t]}" for t in TPCH_TABLES) + " rows")
     return con
 
 
@@ -385,8 +491,9 @@ def sort_mode(con, nr: int, sql: str, columns: list[str], rows: list[tuple]) -> 
 def render(nr: int, sql: str, notes: list[str], types: str, mode: str, rows: list[list[str]]) -> str:
     header = [
         f"# TPC-H Q{nr}, scale factor {SCALE_FACTOR} (tables in {CATALOG}.{SCHEMA}).",
-        f"# Generated by {TOOL_PATH} from DuckDB {DUCKDB_VERSION}",
-        "# (tpch extension: dbgen data, query text from tpch_queries()).",
+        f"# Generated by {TOOL_PATH} with DuckDB {DUCKDB_VERSION}",
+        f"# (data: tpchgen-cli {TPCHGEN_CLI_VERSION}, sf {SCALE_FACTOR};"
+        " query text: tpch extension's tpch_queries()).",
         "# DO NOT EDIT BY HAND: rerun the tool instead.",
         "# Changes to DuckDB's query text: " + "; ".join(notes) + ".",
         "",
@@ -476,66 +583,84 @@ def compare_tokens(expected: list[list[str]], actual: list[list[str]]) -> str:
     return verdict
 
 
-def verify_datafusion(con, results: dict[int, dict]) -> bool:
+def verify_datafusion(files: dict[str, pathlib.Path], results: dict[int, dict]) -> bool:
     import datafusion
     from datafusion import SessionContext
     from datafusion.catalog import Catalog, Schema, Table
 
     print(f"DataFusion {datafusion.__version__} cross-check")
     ok = True
-    with tempfile.TemporaryDirectory() as tmp:
-        ctx = SessionContext()
-        catalog = Catalog.memory_catalog()
-        schema = Schema.memory_schema()
-        for table in TPCH_TABLES:
-            path = pathlib.Path(tmp) / f"{table}.parquet"
-            con.execute(f"COPY {CATALOG}.{SCHEMA}.{table} TO '{path.as_posix()}' (FORMAT parquet)")
-            schema.register_table(table, Table(ctx.read_parquet(str(path))))
-        catalog.register_schema(SCHEMA, schema)
-        ctx.register_catalog_provider(CATALOG, catalog)
+    ctx = SessionContext()
+    catalog = Catalog.memory_catalog()
+    schema = Schema.memory_schema()
+    for table in TPCH_TABLES:
+        # The very files tpchgen-cli wrote (and DuckDB loaded).
+        schema.register_table(table, Table(ctx.read_parquet(str(files[table]))))
+    catalog.register_schema(SCHEMA, schema)
+    ctx.register_catalog_provider(CATALOG, catalog)
 
-        for nr, res in results.items():
-            try:
-                df = ctx.sql(res["sql"])
-                arrow = df.to_arrow_table()
-            except Exception as exc:  # noqa: BLE001 - report every failure
-                print(f"  Q{nr:02d}: FAILED in DataFusion: {exc}")
-                ok = False
-                continue
-            types = "".join(arrow_type_letter(f.type) for f in arrow.schema)
-            rows = [[format_value(v) for v in row.values()] for row in arrow.to_pylist()]
-            if res["mode"] == "rowsort":
-                rows.sort()
-            problems = []
-            if types != res["types"]:
-                problems.append(f"types {types} != {res['types']}")
-            verdict = compare_tokens(res["rows"], rows)
-            if verdict == "different":
-                problems.append("values differ")
-            if problems:
-                ok = False
-                print(f"  Q{nr:02d}: MISMATCH ({', '.join(problems)})")
-                for r in rows[:5]:
-                    print("      datafusion:", " ".join(r))
-                for r in res["rows"][:5]:
-                    print("      duckdb:    ", " ".join(r))
-            else:
-                how = {
-                    "identical": "identical text",
-                    "relative": f"equal within {REL_TOLERANCE:g} relative",
-                    "absolute": f"NOT within {REL_TOLERANCE:g} relative; "
-                                f"within {ABS_TOLERANCE:g} absolute",
-                }[verdict]
-                print(f"  Q{nr:02d}: ok ({len(rows)} rows, {how})")
-                if verdict == "absolute":
-                    for d, e in zip(rows, res["rows"]):
-                        if d != e:
-                            print("      datafusion:", " ".join(d))
-                            print("      duckdb:    ", " ".join(e))
+    for nr, res in results.items():
+        try:
+            df = ctx.sql(res["sql"])
+            arrow = df.to_arrow_table()
+        except Exception as exc:  # noqa: BLE001 - report every failure
+            print(f"  Q{nr:02d}: FAILED in DataFusion: {exc}")
+            ok = False
+            continue
+        types = "".join(arrow_type_letter(f.type) for f in arrow.schema)
+        rows = [[format_value(v) for v in row.values()] for row in arrow.to_pylist()]
+        if res["mode"] == "rowsort":
+            rows.sort()
+        problems = []
+        if types != res["types"]:
+            problems.append(f"types {types} != {res['types']}")
+        verdict = compare_tokens(res["rows"], rows)
+        if verdict == "different":
+            problems.append("values differ")
+        if problems:
+            ok = False
+            print(f"  Q{nr:02d}: MISMATCH ({', '.join(problems)})")
+            for r in rows[:5]:
+                print("      datafusion:", " ".join(r))
+            for r in res["rows"][:5]:
+                print("      duckdb:    ", " ".join(r))
+        else:
+            how = {
+                "identical": "identical text",
+                "relative": f"equal within {REL_TOLERANCE:g} relative",
+                "absolute": f"NOT within {REL_TOLERANCE:g} relative; "
+                            f"within {ABS_TOLERANCE:g} absolute",
+            }[verdict]
+            print(f"  Q{nr:02d}: ok ({len(rows)} rows, {how})")
+            if verdict == "absolute":
+                for d, e in zip(rows, res["rows"]):
+                    if d != e:
+                        print("      datafusion:", " ".join(d))
+                        print("      duckdb:    ", " ".join(e))
     return ok
 
 
 # --------------------------------------------------------------------------
+
+
+def write_or_check(out: pathlib.Path, check: bool, results: dict[int, dict]) -> int:
+    status = 0
+    if check:
+        for nr, res in results.items():
+            path = out / f"q{nr:02d}.slt"
+            if not path.exists() or path.read_text() != res["text"]:
+                print(f"{path}: differs from generated answer")
+                status = 1
+        if status == 0:
+            print(f"all {len(results)} files in {out} are up to date")
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        for nr, res in results.items():
+            path = out / f"q{nr:02d}.slt"
+            path.write_text(res["text"])
+            print(f"wrote {path} ({len(res['rows'])} rows, query {res['types']}"
+                  f"{' ' + res['mode'] if res['mode'] else ''})")
+    return status
 
 
 def main() -> int:
@@ -548,28 +673,13 @@ def main() -> int:
                         help="also run every query in DataFusion (python package) and compare")
     args = parser.parse_args()
 
-    con = open_duckdb()
-    results = generate(con)
-
-    status = 0
-    if args.check:
-        for nr, res in results.items():
-            path = args.out / f"q{nr:02d}.slt"
-            if not path.exists() or path.read_text() != res["text"]:
-                print(f"{path}: differs from generated answer")
-                status = 1
-        if status == 0:
-            print(f"all {len(results)} files in {args.out} are up to date")
-    else:
-        args.out.mkdir(parents=True, exist_ok=True)
-        for nr, res in results.items():
-            path = args.out / f"q{nr:02d}.slt"
-            path.write_text(res["text"])
-            print(f"wrote {path} ({len(res['rows'])} rows, query {res['types']}"
-                  f"{' ' + res['mode'] if res['mode'] else ''})")
-
-    if args.verify_datafusion and not verify_datafusion(con, results):
-        status = 1
+    with tempfile.TemporaryDirectory(prefix="tpchgen-") as tmp:
+        files = generate_data(pathlib.Path(tmp))
+        con = open_duckdb(files)
+        results = generate(con)
+        status = write_or_check(args.out, args.check, results)
+        if args.verify_datafusion and not verify_datafusion(files, results):
+            status = 1
     return status
 
 
