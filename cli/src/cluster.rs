@@ -53,11 +53,11 @@ impl StandaloneCluster {
             ..SchedulerOptions::from_config(&config)
         };
         let scheduler = basin_scheduler::start(config.clone(), scheduler_options).await?;
-        let work_root = config
-            .server
-            .data_dir
-            .join("standalone")
-            .join(format!("{}-{}", std::process::id(), scheduler.addr.port()));
+        let work_root = config.server.data_dir.join("standalone").join(format!(
+            "{}-{}",
+            std::process::id(),
+            scheduler.addr.port()
+        ));
         let task_log = TaskLog::default();
         let mut executors = Vec::with_capacity(options.executors);
         for i in 0..options.executors {
@@ -122,5 +122,9 @@ impl Drop for StandaloneCluster {
         }
         self.scheduler.stop();
         let _ = std::fs::remove_dir_all(&self.work_root);
+        // Also the `standalone` folder when no other cluster uses it (fails if not empty).
+        if let Some(parent) = self.work_root.parent() {
+            let _ = std::fs::remove_dir(parent);
+        }
     }
 }

@@ -14,7 +14,11 @@ use basin_scheduler::SchedulerOptions;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "basin", version, about = "Basin: distributed, federated SQL engine and lakehouse")]
+#[command(
+    name = "basin",
+    version,
+    about = "Basin: distributed, federated SQL engine and lakehouse"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -105,7 +109,8 @@ struct ExecutorArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let quiet = matches!(&cli.command, Command::Standalone(a) if !a.execute.is_empty() || a.file.is_some());
+    let quiet =
+        matches!(&cli.command, Command::Standalone(a) if !a.execute.is_empty() || a.file.is_some());
     init_logging(if quiet { "error" } else { "info" });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -216,7 +221,8 @@ async fn standalone(args: StandaloneArgs) -> Result<(), String> {
 }
 
 fn read_sql_file(path: &Path) -> Result<String, String> {
-    std::fs::read_to_string(path).map_err(|e| format!("cannot read SQL file {}: {e}", path.display()))
+    std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read SQL file {}: {e}", path.display()))
 }
 
 async fn scheduler(args: SchedulerArgs) -> Result<(), String> {
@@ -231,7 +237,10 @@ async fn scheduler(args: SchedulerArgs) -> Result<(), String> {
     let handle = basin_scheduler::start(config, options)
         .await
         .map_err(|e| e.to_string())?;
-    eprintln!("Basin scheduler listening on {}. Press Ctrl-C to stop.", handle.addr);
+    eprintln!(
+        "Basin scheduler listening on {}. Press Ctrl-C to stop.",
+        handle.addr
+    );
     wait_for_shutdown().await
 }
 

@@ -26,7 +26,11 @@ fn io_err(e: std::io::Error) -> DataFusionError {
 }
 
 /// Writes one statement's result. Statements without result columns (DDL) print nothing.
-pub fn write_result(out: &mut dyn Write, result: &StatementResult, format: OutputFormat) -> Result<()> {
+pub fn write_result(
+    out: &mut dyn Write,
+    result: &StatementResult,
+    format: OutputFormat,
+) -> Result<()> {
     if result.schema.fields().is_empty() {
         return Ok(());
     }
@@ -40,9 +44,8 @@ pub fn write_result(out: &mut dyn Write, result: &StatementResult, format: Outpu
         OutputFormat::Table => {
             let options = FormatOptions::default().with_null("NULL");
             let table = if batches.is_empty() {
-                let empty = datafusion::arrow::record_batch::RecordBatch::new_empty(
-                    result.schema.clone(),
-                );
+                let empty =
+                    datafusion::arrow::record_batch::RecordBatch::new_empty(result.schema.clone());
                 pretty_format_batches_with_options(&[empty], &options)?
             } else {
                 pretty_format_batches_with_options(&batches, &options)?
@@ -52,9 +55,8 @@ pub fn write_result(out: &mut dyn Write, result: &StatementResult, format: Outpu
         OutputFormat::Csv => {
             let mut writer = WriterBuilder::new().with_header(true).build(&mut *out);
             if batches.is_empty() {
-                let empty = datafusion::arrow::record_batch::RecordBatch::new_empty(
-                    result.schema.clone(),
-                );
+                let empty =
+                    datafusion::arrow::record_batch::RecordBatch::new_empty(result.schema.clone());
                 writer.write(&empty)?;
             }
             for b in &batches {

@@ -1,7 +1,7 @@
 //! Running SQL text (one or many statements) on a session.
 
-use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::DFParser;

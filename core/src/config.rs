@@ -205,10 +205,13 @@ impl fmt::Display for BasinConfig {
 /// Turns a TOML error into one line: where, which catalog, what.
 fn describe_toml_error(text: &str, err: &toml::de::Error) -> String {
     let message = err.message().trim().replace('\n', " ");
-    let Some(span) = err.span() else {
+    // Errors inside a catalog table (an internally tagged enum) carry the span of the whole
+    // document; an unknown key can still be found by name.
+    let offset = unknown_key_offset(text, &message).or_else(|| err.span().map(|s| s.start));
+    let Some(offset) = offset else {
         return message;
     };
-    let before = &text[..span.start.min(text.len())];
+    let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
     let column = before.len() - before.rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
     let mut location = format!("line {line}, column {column}");
@@ -227,6 +230,22 @@ fn describe_toml_error(text: &str, err: &toml::de::Error) -> String {
         location.push_str(&format!(" (section {h})"));
     }
     format!("{location}: {message}")
+}
+
+/// Byte offset of the line that sets the key named in an "unknown field `KEY`" message.
+fn unknown_key_offset(text: &str, message: &str) -> Option<usize> {
+    let key = message.strip_prefix("unknown field `")?.split('`').next()?;
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let trimmed = line.trim_start();
+        if let Some(rest) = trimmed.strip_prefix(key)
+            && rest.trim_start().starts_with('=')
+        {
+            return Some(offset + (line.len() - trimmed.len()));
+        }
+        offset += line.len();
+    }
+    None
 }
 
 /// Replaces each `${env:VAR}` in `value`.
@@ -258,7 +277,9 @@ fn env_string<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<String, D:
     interpolate_env(&raw).map_err(serde::de::Error::custom)
 }
 
-fn env_string_opt<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<String>, D::Error> {
+fn env_string_opt<'de, D: Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<String>, D::Error> {
     env_string(d).map(Some)
 }
 
@@ -283,7 +304,10 @@ mod tests {
     #[test]
     fn empty_file_gives_builtin_tpch() {
         let c = parse("").unwrap();
-        assert!(matches!(c.catalogs.get("tpch"), Some(CatalogConfig::Tpch(_))));
+        assert!(matches!(
+            c.catalogs.get("tpch"),
+            Some(CatalogConfig::Tpch(_))
+        ));
         assert_eq!(c.server.bind_host, "127.0.0.1");
     }
 
@@ -308,13 +332,17 @@ mod tests {
 
     #[test]
     fn missing_connector_is_an_error() {
-        let err = parse("[catalogs.x]\nrows_per_partition = 5\n").unwrap_err().to_string();
+        let err = parse("[catalogs.x]\nrows_per_partition = 5\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("connector"), "{err}");
     }
 
     #[test]
     fn bad_value_type() {
-        let err = parse("[server]\nscheduler_port = \"abc\"\n").unwrap_err().to_string();
+        let err = parse("[server]\nscheduler_port = \"abc\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("line 2") && err.contains("[server]"), "{err}");
     }
 
@@ -327,7 +355,10 @@ mod tests {
         )
         .unwrap();
         let s3 = c.storage.s3.as_ref().unwrap();
-        assert_eq!(s3.secret_access_key.as_ref().unwrap().expose(), "s3cr3t-value");
+        assert_eq!(
+            s3.secret_access_key.as_ref().unwrap().expose(),
+            "s3cr3t-value"
+        );
         let shown = format!("{c:?} {c}");
         assert!(!shown.contains("s3cr3t-value"), "{shown}");
     }
@@ -343,7 +374,9 @@ mod tests {
 
     #[test]
     fn invalid_catalog_name() {
-        let err = parse("[catalogs.Bad-Name]\nconnector = \"tpch\"\n").unwrap_err().to_string();
+        let err = parse("[catalogs.Bad-Name]\nconnector = \"tpch\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("Bad-Name"), "{err}");
     }
 }

@@ -113,7 +113,10 @@ impl QueryStageExecutor for LoggedStage {
         input_partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<Vec<ShuffleWritePartition>> {
-        let result = self.inner.execute_query_stage(input_partition, context).await;
+        let result = self
+            .inner
+            .execute_query_stage(input_partition, context)
+            .await;
         let r = &self.record;
         tracing::info!(
             target: "basin::task",

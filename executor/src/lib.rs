@@ -82,8 +82,16 @@ pub fn effective_task_slots(configured: usize) -> usize {
 
 /// Runs an executor until it is stopped (Ctrl-C, SIGTERM or the scheduler).
 pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<()> {
-    let flight = basin_scheduler_free_port(&options.bind_host, options.flight_port, "executor Flight service")?;
-    let grpc = basin_scheduler_free_port(&options.bind_host, options.grpc_port, "executor gRPC service")?;
+    let flight = basin_scheduler_free_port(
+        &options.bind_host,
+        options.flight_port,
+        "executor Flight service",
+    )?;
+    let grpc = basin_scheduler_free_port(
+        &options.bind_host,
+        options.grpc_port,
+        "executor gRPC service",
+    )?;
     let work_dir = match &options.work_dir {
         Some(dir) => dir.clone(),
         None => config
@@ -119,7 +127,9 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
         grpc_port: grpc,
         scheduler_host: options.scheduler_host.clone(),
         scheduler_port: options.scheduler_port,
-        scheduler_connect_timeout_seconds: options.connect_timeout_seconds,
+        // Ballista 53's retry loop never times out (it measures `Instant::now().elapsed()`),
+        // so Basin waits for the scheduler itself (below) and Ballista tries once.
+        scheduler_connect_timeout_seconds: 0,
         concurrent_tasks: slots,
         task_scheduling_policy: TaskSchedulingPolicy::PushStaged,
         work_dir: Some(work_dir_str),
@@ -142,6 +152,7 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
         work_dir = %work_dir.display(),
         "Basin executor starting"
     );
+    wait_for_scheduler(&options).await?;
     let process_config = Arc::new(process_config);
     // Ballista 53 registers with the scheduler right after spawning the executor's gRPC
     // server, and the scheduler immediately connects back: when the server is not yet
@@ -162,6 +173,25 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
                     options.scheduler_host, options.scheduler_port
                 )));
             }
+        }
+    }
+}
+
+/// Waits up to `connect_timeout_seconds` for the scheduler's port to accept connections.
+async fn wait_for_scheduler(options: &ExecutorOptions) -> Result<()> {
+    let addr = format!("{}:{}", options.scheduler_host, options.scheduler_port);
+    let deadline = tokio::time::Instant::now()
+        + std::time::Duration::from_secs(u64::from(options.connect_timeout_seconds));
+    loop {
+        match tokio::net::TcpStream::connect(&addr).await {
+            Ok(_) => return Ok(()),
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                return Err(BasinError::Invalid(format!(
+                    "cannot reach the scheduler at {addr}: {e} (start `basin scheduler` first \
+                     or pass --scheduler HOST:PORT)"
+                )));
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(250)).await,
         }
     }
 }

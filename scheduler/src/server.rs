@@ -86,7 +86,11 @@ impl SchedulerHandle {
     }
 
     /// Waits until at least `n` executors have registered.
-    pub async fn wait_for_executors(&self, n: usize, timeout: Duration) -> Result<Vec<ExecutorInfo>> {
+    pub async fn wait_for_executors(
+        &self,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<Vec<ExecutorInfo>> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let executors = self.executors().await;

@@ -175,7 +175,11 @@ fn format_cell(col: &ArrayRef, row: usize, displayed: &str) -> String {
                 DataType::LargeUtf8 => col.as_string::<i64>().value(row).to_string(),
                 _ => col.as_string::<i32>().value(row).to_string(),
             };
-            if s.is_empty() { "(empty)".to_string() } else { s }
+            if s.is_empty() {
+                "(empty)".to_string()
+            } else {
+                s
+            }
         }
         _ => displayed.to_string(),
     }
@@ -203,7 +207,11 @@ pub fn normalize_number(s: &str) -> String {
     } else {
         text
     };
-    if trimmed == "-0" { "0".to_string() } else { trimmed }
+    if trimmed == "-0" {
+        "0".to_string()
+    } else {
+        trimmed
+    }
 }
 
 fn decimals(s: &str) -> usize {

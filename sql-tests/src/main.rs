@@ -80,12 +80,20 @@ fn is_reference_suite(file: &Path) -> bool {
 
 fn relative(file: &Path) -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    file.strip_prefix(root).unwrap_or(file).display().to_string()
+    file.strip_prefix(root)
+        .unwrap_or(file)
+        .display()
+        .to_string()
 }
 
 type Connect = Arc<dyn Fn() -> Result<SessionContext, String> + Send + Sync>;
 
-async fn run_files(mode: &str, files: &[PathBuf], connect: Connect, complete: bool) -> (usize, Vec<String>) {
+async fn run_files(
+    mode: &str,
+    files: &[PathBuf],
+    connect: Connect,
+    complete: bool,
+) -> (usize, Vec<String>) {
     let mut passed = 0;
     let mut failures = vec![];
     for file in files {
@@ -93,9 +101,9 @@ async fn run_files(mode: &str, files: &[PathBuf], connect: Connect, complete: bo
         let mut runner = Runner::new(move || {
             let connect = connect.clone();
             async move {
-                connect()
-                    .map(BasinDb::new)
-                    .map_err(|e| engine::EngineError(datafusion::error::DataFusionError::Execution(e)))
+                connect().map(BasinDb::new).map_err(|e| {
+                    engine::EngineError(datafusion::error::DataFusionError::Execution(e))
+                })
             }
         });
         runner.with_validator(validate::tolerant_validator);
@@ -115,7 +123,10 @@ async fn run_files(mode: &str, files: &[PathBuf], connect: Connect, complete: bo
                 .await
                 .map_err(|e| e.to_string())
         } else {
-            runner.run_file_async(file).await.map_err(|e| e.display(false).to_string())
+            runner
+                .run_file_async(file)
+                .await
+                .map_err(|e| e.display(false).to_string())
         };
         match result {
             Ok(()) => {
@@ -163,13 +174,16 @@ async fn run() -> std::process::ExitCode {
     for mode in &args.modes {
         match mode.as_str() {
             "inprocess" => {
-                let cluster = match StandaloneCluster::start(config.clone(), StandaloneOptions::default()).await {
-                    Ok(c) => Arc::new(c),
-                    Err(e) => {
-                        failures.push(format!("[inprocess] cluster start: {e}"));
-                        continue;
-                    }
-                };
+                let cluster =
+                    match StandaloneCluster::start(config.clone(), StandaloneOptions::default())
+                        .await
+                    {
+                        Ok(c) => Arc::new(c),
+                        Err(e) => {
+                            failures.push(format!("[inprocess] cluster start: {e}"));
+                            continue;
+                        }
+                    };
                 let c = cluster.clone();
                 let connect: Connect = Arc::new(move || c.connect().map_err(|e| e.to_string()));
                 let (p, f) = run_files("inprocess", &files, connect, args.complete).await;
@@ -184,23 +198,27 @@ async fn run() -> std::process::ExitCode {
                     .collect();
                 if executors.len() >= 2 {
                     passed += 1;
-                    println!("[inprocess] ok   tasks ran on {} executors", executors.len());
+                    println!(
+                        "[inprocess] ok   tasks ran on {} executors",
+                        executors.len()
+                    );
                 } else {
                     failures.push(format!("[inprocess] tasks ran on {executors:?} only"));
                 }
             }
             "cluster" => {
-                let cluster = match tokio::task::spawn_blocking(|| ProcessCluster::start(2, 2)).await {
-                    Ok(Ok(c)) => Arc::new(c),
-                    Ok(Err(e)) => {
-                        failures.push(format!("[cluster] cluster start: {e}"));
-                        continue;
-                    }
-                    Err(e) => {
-                        failures.push(format!("[cluster] cluster start panicked: {e}"));
-                        continue;
-                    }
-                };
+                let cluster =
+                    match tokio::task::spawn_blocking(|| ProcessCluster::start(2, 2)).await {
+                        Ok(Ok(c)) => Arc::new(c),
+                        Ok(Err(e)) => {
+                            failures.push(format!("[cluster] cluster start: {e}"));
+                            continue;
+                        }
+                        Err(e) => {
+                            failures.push(format!("[cluster] cluster start panicked: {e}"));
+                            continue;
+                        }
+                    };
                 let url = cluster.url();
                 let cfg = config.clone();
                 let connect: Connect = Arc::new(move || {
@@ -221,7 +239,9 @@ async fn run() -> std::process::ExitCode {
                 let scheduler_tasks = cluster.log("scheduler").matches("task finished").count();
                 if busy == cluster.executor_names().len() && busy >= 2 && scheduler_tasks == 0 {
                     passed += 1;
-                    println!("[cluster] ok   tasks ran on all {busy} executors, none on the scheduler");
+                    println!(
+                        "[cluster] ok   tasks ran on all {busy} executors, none on the scheduler"
+                    );
                 } else {
                     failures.push(format!(
                         "[cluster] distribution: {busy} executors busy, scheduler ran {scheduler_tasks} tasks"

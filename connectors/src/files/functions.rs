@@ -37,10 +37,7 @@ impl FileKind {
     fn format(self) -> (Arc<dyn FileFormat>, &'static str) {
         match self {
             FileKind::Parquet => (Arc::new(ParquetFormat::default()), ".parquet"),
-            FileKind::Csv => (
-                Arc::new(CsvFormat::default().with_has_header(true)),
-                ".csv",
-            ),
+            FileKind::Csv => (Arc::new(CsvFormat::default().with_has_header(true)), ".csv"),
             FileKind::Json => (Arc::new(JsonFormat::default()), ".json"),
         }
     }
@@ -66,8 +63,8 @@ impl ReadFilesFunction {
         let (format, extension) = self.kind.format();
         // A single file is read whatever its extension; a directory only its data files.
         let is_dir = path.ends_with('/') || std::path::Path::new(&path).is_dir();
-        let options = ListingOptions::new(format)
-            .with_file_extension(if is_dir { extension } else { "" });
+        let options =
+            ListingOptions::new(format).with_file_extension(if is_dir { extension } else { "" });
         let config = ListingTableConfig::new(url)
             .with_listing_options(options)
             .infer_schema(&state)

@@ -16,6 +16,7 @@ use tpchgen::generators::{
     PartSuppGenerator, RegionGenerator, SupplierGenerator,
 };
 
+use super::scan::TpchScanSpec;
 use super::tables::TpchTable;
 
 /// One generated value.
@@ -137,10 +138,8 @@ impl BatchSink<'_> {
         let columns: Vec<ArrayRef> = self.builders.iter_mut().map(|b| b.finish()).collect();
         let batch = if columns.is_empty() {
             // count(*)-style scans project no column: emit row counts only.
-            let options =
-                datafusion::arrow::record_batch::RecordBatchOptions::new().with_row_count(Some(
-                    self.pending_rows_without_columns(),
-                ));
+            let options = datafusion::arrow::record_batch::RecordBatchOptions::new()
+                .with_row_count(Some(self.pending_rows_without_columns()));
             RecordBatch::try_new_with_options(self.schema.clone(), columns, &options)
         } else {
             RecordBatch::try_new(self.schema.clone(), columns)
@@ -157,21 +156,21 @@ impl BatchSink<'_> {
     }
 }
 
-/// Generates part `part` (1-based) of `parts` of `table` at scale factor `sf`.
+/// Generates partition `partition` (0-based) of the scan `spec`.
 ///
-/// Batches hold the columns in `projection` (indexes into the table schema; all columns if
-/// `None`), at most `batch_size` rows each, and at most `limit` rows in total. Each batch is
-/// handed to `emit`, which returns false to stop generation early.
+/// Batches hold the projected columns, at most `batch_size` rows each, and at most the
+/// spec's limit in total. Each batch is handed to `emit`, which returns false to stop
+/// generation early.
 pub fn generate(
-    table: TpchTable,
-    sf: f64,
-    part: i32,
-    parts: i32,
-    projection: Option<&[usize]>,
+    spec: &TpchScanSpec,
+    partition: usize,
     batch_size: usize,
-    limit: Option<usize>,
     emit: &mut dyn FnMut(Result<RecordBatch>) -> bool,
 ) {
+    let (table, sf, limit) = (spec.table, spec.scale_factor, spec.limit);
+    let part = partition as i32 + 1;
+    let parts = spec.parts.max(1) as i32;
+    let projection = spec.projection.as_deref();
     let full = table.schema();
     let projection: Vec<usize> = projection
         .map(<[usize]>::to_vec)
@@ -327,7 +326,14 @@ mod tests {
         limit: Option<usize>,
     ) -> Vec<RecordBatch> {
         let mut out = vec![];
-        generate(table, 0.01, part, parts, projection, 1000, limit, &mut |b| {
+        let spec = TpchScanSpec {
+            table,
+            scale_factor: 0.01,
+            parts: parts as usize,
+            projection: projection.map(<[usize]>::to_vec),
+            limit,
+        };
+        generate(&spec, part as usize - 1, 1000, &mut |b| {
             out.push(b.unwrap());
             true
         });

@@ -95,7 +95,10 @@ impl SchemaProvider for TpchSchemaProvider {
     }
 
     fn table_names(&self) -> Vec<String> {
-        TpchTable::ALL.iter().map(|t| t.name().to_string()).collect()
+        TpchTable::ALL
+            .iter()
+            .map(|t| t.name().to_string())
+            .collect()
     }
 
     async fn table(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>> {
@@ -152,7 +155,9 @@ impl TpchTableProvider {
         let by_size = rows.div_ceil(self.options.rows_per_partition.max(1));
         // Splitting below ~10k rows costs more than it saves.
         let worth = (rows / 10_000).max(1);
-        by_size.max(self.options.min_partitions.min(worth)).clamp(1, 100_000)
+        by_size
+            .max(self.options.min_partitions.min(worth))
+            .clamp(1, 100_000)
     }
 }
 

@@ -144,16 +144,9 @@ impl ExecutionPlan for TpchScanExec {
         let mut builder = RecordBatchReceiverStreamBuilder::new(self.schema.clone(), 2);
         let tx = builder.tx();
         builder.spawn_blocking(move || {
-            generate(
-                spec.table,
-                spec.scale_factor,
-                partition as i32 + 1,
-                spec.parts as i32,
-                spec.projection.as_deref(),
-                batch_size,
-                spec.limit,
-                &mut |batch| tx.blocking_send(batch).is_ok(),
-            );
+            generate(&spec, partition, batch_size, &mut |batch| {
+                tx.blocking_send(batch).is_ok()
+            });
             Ok(())
         });
         Ok(builder.build())

@@ -1,0 +1,273 @@
+//! `basin standalone` end to end: results, formats, configuration errors, bad SQL.
+
+use crate::{basin, scratch_dir, stderr, stdout};
+
+#[test]
+fn counts_tiny_lineitem() {
+    let out = basin(
+        &[
+            "standalone",
+            "-e",
+            "SELECT count(*) FROM tpch.tiny.lineitem",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("| 60175    |"), "{}", stdout(&out));
+}
+
+#[test]
+fn csv_and_json_formats_and_several_statements() {
+    let sql = "SELECT n_nationkey, n_name FROM tpch.tiny.nation ORDER BY 1 LIMIT 2";
+    let out = basin(&["standalone", "--format", "csv", "-e", sql], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "n_nationkey,n_name\n0,ALGERIA\n1,ARGENTINA\n");
+
+    let out = basin(
+        &[
+            "standalone",
+            "--executors",
+            "1",
+            "--format",
+            "json",
+            "-e",
+            sql,
+            "-e",
+            "SELECT 1 AS one",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "{\"n_nationkey\":0,\"n_name\":\"ALGERIA\"}\n{\"n_nationkey\":1,\"n_name\":\"ARGENTINA\"}\n{\"one\":1}\n"
+    );
+}
+
+#[test]
+fn runs_a_file_of_statements() {
+    let dir = scratch_dir("sqlfile");
+    let file = dir.join("q.sql");
+    std::fs::write(
+        &file,
+        "CREATE TABLE t AS VALUES (1), (2), (3);\n-- a comment\nSELECT sum(column1) AS s FROM t;\n",
+    )
+    .unwrap();
+    let out = basin(
+        &[
+            "standalone",
+            "--format",
+            "csv",
+            "-f",
+            file.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "s\n6\n");
+}
+
+#[test]
+fn unknown_table_is_a_one_line_error() {
+    let out = basin(&["standalone", "-e", "SELECT * FROM tpch.tiny.nope"], &[]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].starts_with("error: "), "{err}");
+    assert!(lines[0].contains("nope"), "{err}");
+}
+
+#[test]
+fn syntax_error_exits_non_zero() {
+    let out = basin(&["standalone", "-e", "SELEC 1"], &[]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("error: "), "{}", stderr(&out));
+}
+
+#[test]
+fn malformed_config_names_file_line_and_key() {
+    let dir = scratch_dir("badconfig");
+    let file = dir.join("basin.toml");
+    std::fs::write(
+        &file,
+        "[catalogs.gen]\nconnector = \"tpch\"\nbogus_key = 1\n",
+    )
+    .unwrap();
+    let out = basin(
+        &[
+            "standalone",
+            "--config",
+            file.to_str().unwrap(),
+            "-e",
+            "SELECT 1",
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains(file.to_str().unwrap()), "{err}");
+    assert!(err.contains("bogus_key"), "{err}");
+    assert!(err.contains("line 3"), "{err}");
+    assert!(err.contains("catalog `gen`"), "{err}");
+
+    std::fs::write(&file, "[catalogs.gen\nconnector = \"tpch\"\n").unwrap();
+    let out = basin(
+        &[
+            "standalone",
+            "--config",
+            file.to_str().unwrap(),
+            "-e",
+            "SELECT 1",
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("line 1"), "{}", stderr(&out));
+
+    let out = basin(
+        &[
+            "standalone",
+            "--config",
+            "/nonexistent/basin.toml",
+            "-e",
+            "SELECT 1",
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("/nonexistent/basin.toml"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn configured_catalog_and_missing_env_var() {
+    let dir = scratch_dir("config");
+    let file = dir.join("basin.toml");
+    std::fs::write(
+        &file,
+        "[catalogs.gen]\nconnector = \"tpch\"\nrows_per_partition = 1000\n",
+    )
+    .unwrap();
+    let out = basin(
+        &[
+            "standalone",
+            "--config",
+            file.to_str().unwrap(),
+            "--format",
+            "csv",
+            "-e",
+            "SELECT count(*) AS n FROM gen.tiny.orders",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "n\n15000\n");
+
+    std::fs::write(
+        &file,
+        "[storage.s3]\nsecret_access_key = \"${env:BASIN_TEST_DEFINITELY_UNSET}\"\n",
+    )
+    .unwrap();
+    let out = basin(
+        &[
+            "standalone",
+            "--config",
+            file.to_str().unwrap(),
+            "-e",
+            "SELECT 1",
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("BASIN_TEST_DEFINITELY_UNSET"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn secrets_stay_out_of_errors_and_plans() {
+    let dir = scratch_dir("secret");
+    let file = dir.join("basin.toml");
+    std::fs::write(
+        &file,
+        "[storage.s3]\nendpoint = \"http://127.0.0.1:9\"\naccess_key_id = \"basin\"\n\
+         secret_access_key = \"${env:BASIN_TEST_SECRET}\"\npath_style = true\n",
+    )
+    .unwrap();
+    let secret = "very-secret-value-4711";
+    let out = basin(
+        &[
+            "standalone",
+            "--config",
+            file.to_str().unwrap(),
+            "-e",
+            "SELECT * FROM read_parquet('s3://nobucket/x.parquet')",
+        ],
+        &[("BASIN_TEST_SECRET", secret), ("BASIN_LOG", "debug")],
+    );
+    assert!(!out.status.success());
+    let all = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(!all.contains(secret), "secret leaked: {all}");
+    assert!(all.contains("nobucket"), "{all}");
+}
+
+#[test]
+fn explain_shows_the_distributed_plan() {
+    let out = basin(
+        &[
+            "standalone",
+            "-e",
+            "EXPLAIN SELECT l_returnflag, count(*) FROM tpch.tiny.lineitem GROUP BY 1",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("distributed_plan"), "{text}");
+    assert!(text.contains("ShuffleWriterExec"), "{text}");
+    assert!(text.contains("TpchScanExec"), "{text}");
+
+    let out = basin(
+        &[
+            "standalone",
+            "-e",
+            "EXPLAIN ANALYZE SELECT l_returnflag, count(*) FROM tpch.tiny.lineitem GROUP BY 1",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("output_rows"), "{}", stdout(&out));
+}
+
+#[test]
+fn executor_without_scheduler_fails_clearly() {
+    let out = basin(&["executor", "--scheduler", "127.0.0.1:1"], &[]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("127.0.0.1:1"), "{err}");
+    assert!(
+        err.lines().last().unwrap_or("").starts_with("error: "),
+        "{err}"
+    );
+    let out = basin(&["executor", "--scheduler", "nonsense"], &[]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("HOST:PORT"), "{}", stderr(&out));
+}
+
+#[test]
+fn port_in_use_is_reported() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port().to_string();
+    let out = basin(
+        &["standalone", "--scheduler-port", &port, "-e", "SELECT 1"],
+        &[],
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains(&port), "{}", stderr(&out));
+}
