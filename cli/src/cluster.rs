@@ -99,6 +99,11 @@ impl StandaloneCluster {
         )?)
     }
 
+    /// The configuration the cluster runs with.
+    pub fn config(&self) -> &Arc<BasinConfig> {
+        &self.config
+    }
+
     /// The scheduler.
     pub fn scheduler(&self) -> &SchedulerHandle {
         &self.scheduler

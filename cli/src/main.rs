@@ -32,6 +32,8 @@ enum Command {
     Scheduler(SchedulerArgs),
     /// An executor that joins a scheduler.
     Executor(ExecutorArgs),
+    /// Prints the bcrypt hash of a password read from stdin, for a [flight_sql] users file.
+    HashPassword,
 }
 
 #[derive(Args)]
@@ -60,6 +62,9 @@ struct StandaloneArgs {
     /// Scheduler gRPC port (0 = any free port).
     #[arg(long, default_value_t = 0)]
     scheduler_port: u16,
+    /// Flight SQL port when serving (overrides [flight_sql] port, default 50060).
+    #[arg(long, env = "BASIN_FLIGHT_SQL_PORT")]
+    flight_sql_port: Option<u16>,
     /// SQL to run (repeatable); prints each result and exits.
     #[arg(short = 'e', long = "execute")]
     execute: Vec<String>,
@@ -81,6 +86,9 @@ struct SchedulerArgs {
     /// Host name executors and clients use to reach this scheduler (default: the bind host).
     #[arg(long)]
     external_host: Option<String>,
+    /// Flight SQL port (overrides [flight_sql] port, default 50060).
+    #[arg(long, env = "BASIN_FLIGHT_SQL_PORT")]
+    flight_sql_port: Option<u16>,
 }
 
 #[derive(Args)]
@@ -125,6 +133,7 @@ fn main() -> ExitCode {
             Command::Standalone(args) => standalone(args).await,
             Command::Scheduler(args) => scheduler(args).await,
             Command::Executor(args) => executor(args).await,
+            Command::HashPassword => hash_password(),
         }
     });
     // Executors and servers may still hold tasks; do not wait for them.
@@ -189,16 +198,27 @@ async fn standalone(args: StandaloneArgs) -> Result<(), String> {
     .await
     .map_err(|e| e.to_string())?;
     if scripts.is_empty() {
+        let port = args
+            .flight_sql_port
+            .unwrap_or(cluster.config().flight_sql.port);
+        let flight = basin_scheduler::flight_sql::serve(
+            cluster.config().clone(),
+            cluster.scheduler().url(),
+            cluster.scheduler().cluster_view(),
+            port,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
         eprintln!(
-            "Basin standalone: scheduler at {} with {} executors ({} task slots). Press Ctrl-C to stop.",
+            "Basin standalone: Flight SQL on {} (jdbc:arrow-flight-sql://{}/?useEncryption=false), \
+             scheduler at {}, {} executors ({} task slots). Press Ctrl-C to stop.",
+            flight.addr,
+            flight.addr,
             cluster.scheduler().addr,
             args.executors,
             cluster.task_slots()
         );
-        tokio::signal::ctrl_c()
-            .await
-            .map_err(|e| format!("cannot wait for Ctrl-C: {e}"))?;
-        return Ok(());
+        return wait_for_shutdown().await;
     }
     let ctx = cluster.connect().map_err(|e| e.to_string())?;
     for (origin, sql) in scripts {
@@ -234,12 +254,17 @@ async fn scheduler(args: SchedulerArgs) -> Result<(), String> {
     if let Some(host) = args.external_host {
         options.external_host = host;
     }
-    let handle = basin_scheduler::start(config, options)
+    let handle = basin_scheduler::start(config.clone(), options)
         .await
         .map_err(|e| e.to_string())?;
+    let port = args.flight_sql_port.unwrap_or(config.flight_sql.port);
+    let flight =
+        basin_scheduler::flight_sql::serve(config, handle.url(), handle.cluster_view(), port)
+            .await
+            .map_err(|e| e.to_string())?;
     eprintln!(
-        "Basin scheduler listening on {}. Press Ctrl-C to stop.",
-        handle.addr
+        "Basin scheduler listening on {} (Flight SQL on {}). Press Ctrl-C to stop.",
+        handle.addr, flight.addr
     );
     wait_for_shutdown().await
 }
@@ -269,6 +294,20 @@ async fn executor(args: ExecutorArgs) -> Result<(), String> {
     basin_executor::run(config, options)
         .await
         .map_err(|e: BasinError| e.to_string())
+}
+
+fn hash_password() -> Result<(), String> {
+    let mut password = String::new();
+    std::io::stdin()
+        .read_line(&mut password)
+        .map_err(|e| format!("cannot read the password from stdin: {e}"))?;
+    let password = password.trim_end_matches(['\n', '\r']);
+    if password.is_empty() {
+        return Err("the password is empty".to_string());
+    }
+    let hash = basin_scheduler::flight_sql::hash_password(password).map_err(|e| e.to_string())?;
+    println!("{hash}");
+    Ok(())
 }
 
 async fn wait_for_shutdown() -> Result<(), String> {

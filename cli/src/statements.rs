@@ -20,12 +20,22 @@ pub async fn run_sql(
     sql: &str,
     on_result: &mut (dyn FnMut(StatementResult) -> Result<()> + Send),
 ) -> Result<()> {
+    if basin_scheduler::frontend::try_use_statement(ctx, sql)
+        .transpose()?
+        .is_some()
+    {
+        return Ok(());
+    }
     let statements = DFParser::parse_sql(sql)?;
     if statements.is_empty() {
         return Err(DataFusionError::Plan("no SQL statement given".to_string()));
     }
     for statement in statements {
         let text = statement.to_string();
+        if let Some(done) = basin_scheduler::frontend::try_use_statement(ctx, &text) {
+            done?;
+            continue;
+        }
         let plan = ctx.state().statement_to_plan(statement).await?;
         let df = ctx.execute_logical_plan(plan).await?;
         let schema = df.schema().inner().clone();

@@ -38,6 +38,9 @@ pub struct BasinConfig {
     /// Object storage settings, shared by file tables and (later) Iceberg warehouses.
     #[serde(default)]
     pub storage: StorageConfig,
+    /// The Arrow Flight SQL front end.
+    #[serde(default)]
+    pub flight_sql: FlightSqlConfig,
     /// Catalogs by name.
     #[serde(default)]
     pub catalogs: BTreeMap<String, CatalogConfig>,
@@ -72,6 +75,38 @@ impl Default for ServerConfig {
             scheduler_port: 50050,
             executor_task_slots: 0,
             target_partitions: 0,
+        }
+    }
+}
+
+/// `[flight_sql]`: the Arrow Flight SQL endpoint of the scheduler (JDBC, ADBC, `basin sql`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FlightSqlConfig {
+    /// Port (0 = any free port).
+    pub port: u16,
+    /// File of `user:bcrypt-hash` lines; without it only loopback clients may connect,
+    /// anonymously.
+    #[serde(deserialize_with = "env_path_opt")]
+    pub users_file: Option<PathBuf>,
+    /// PEM certificate chain for TLS.
+    #[serde(deserialize_with = "env_path_opt")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for TLS.
+    #[serde(deserialize_with = "env_path_opt")]
+    pub tls_key: Option<PathBuf>,
+    /// Seconds an idle session is kept.
+    pub session_idle_seconds: u64,
+}
+
+impl Default for FlightSqlConfig {
+    fn default() -> Self {
+        Self {
+            port: 50060,
+            users_file: None,
+            tls_cert: None,
+            tls_key: None,
+            session_idle_seconds: 3600,
         }
     }
 }
@@ -182,6 +217,9 @@ impl BasinConfig {
                 ));
             }
         }
+        if self.flight_sql.tls_cert.is_some() != self.flight_sql.tls_key.is_some() {
+            return Err("[flight_sql] tls_cert and tls_key must be given together".to_string());
+        }
         if self.server.bind_host.trim().is_empty() {
             return Err("[server] bind_host must not be empty".to_string());
         }
@@ -285,6 +323,10 @@ fn env_string_opt<'de, D: Deserializer<'de>>(
 
 fn env_path<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<PathBuf, D::Error> {
     env_string(d).map(PathBuf::from)
+}
+
+fn env_path_opt<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<PathBuf>, D::Error> {
+    env_path(d).map(Some)
 }
 
 impl<'de> Deserialize<'de> for Secret {

@@ -13,6 +13,8 @@ pub mod config;
 pub mod error;
 pub mod secret;
 
-pub use config::{BasinConfig, CatalogConfig, S3Config, ServerConfig, StorageConfig};
+pub use config::{
+    BasinConfig, CatalogConfig, FlightSqlConfig, S3Config, ServerConfig, StorageConfig,
+};
 pub use error::{BasinError, Result};
 pub use secret::Secret;

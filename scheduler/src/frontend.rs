@@ -2,12 +2,23 @@
 //! Statements are parsed and planned here against the configured catalogs; queries run as
 //! Ballista jobs on the cluster.
 
-use ballista_core::extension::SessionStateExt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use ballista_core::extension::{SessionConfigExt, SessionStateExt};
+use ballista_core::planner::BallistaQueryPlanner;
 use basin_connectors::catalogs::{register_catalogs, register_functions, runtime_env};
 use basin_core::BasinConfig;
+use datafusion::datasource::{MemTable, source_as_provider};
 use datafusion::error::Result;
+use datafusion::execution::SessionState;
 use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::context::QueryPlanner;
+use datafusion::logical_expr::{DmlStatement, LogicalPlan};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 use datafusion::prelude::SessionContext;
+use datafusion_proto::protobuf::LogicalPlanNode;
 
 use crate::session::base_config;
 
@@ -31,8 +42,130 @@ pub fn connect(
         .with_runtime_env(runtime_env(config)?)
         .build()
         .upgrade_for_ballista(scheduler_url.to_string())?;
+    let planner = BasinQueryPlanner::new(scheduler_url, &state);
+    let state = SessionStateBuilder::new_from_existing(state)
+        .with_query_planner(Arc::new(planner))
+        .build();
     let ctx = SessionContext::new_with_state(state);
     register_catalogs(&ctx, config, partitions);
     register_functions(&ctx);
     Ok(ctx)
+}
+
+/// Handles `USE catalog[.schema]` (which DataFusion does not plan): checks that the catalog
+/// and schema exist and makes them the session's defaults. Returns `None` for any other SQL.
+pub fn try_use_statement(ctx: &SessionContext, sql: &str) -> Option<Result<()>> {
+    let text = sql.trim().trim_end_matches(';').trim();
+    let (keyword, rest) = text.split_once(char::is_whitespace)?;
+    if !keyword.eq_ignore_ascii_case("use") {
+        return None;
+    }
+    let parts: Vec<String> = rest
+        .trim()
+        .split('.')
+        .map(|p| {
+            let p = p.trim();
+            if p.len() >= 2 && p.starts_with('"') && p.ends_with('"') {
+                p[1..p.len() - 1].to_string()
+            } else {
+                p.to_ascii_lowercase()
+            }
+        })
+        .collect();
+    Some(use_names(ctx, &parts))
+}
+
+fn use_names(ctx: &SessionContext, parts: &[String]) -> Result<()> {
+    use datafusion::error::DataFusionError;
+    let state = ctx.state();
+    let current_catalog = state.config_options().catalog.default_catalog.clone();
+    let (catalog, schema) = match parts {
+        [one] if ctx.catalog(one).is_some() => (one.clone(), None),
+        [one] => (current_catalog, Some(one.clone())),
+        [c, s] => (c.clone(), Some(s.clone())),
+        _ => {
+            return Err(DataFusionError::Plan(
+                "USE takes a catalog, a schema, or catalog.schema".to_string(),
+            ));
+        }
+    };
+    let provider = ctx.catalog(&catalog).ok_or_else(|| {
+        DataFusionError::Plan(format!(
+            "catalog `{catalog}` not found; SHOW CATALOGS lists the catalogs"
+        ))
+    })?;
+    let schema = match schema {
+        Some(s) => s,
+        None => provider
+            .schema_names()
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| "public".to_string()),
+    };
+    if provider.schema(&schema).is_none() {
+        return Err(DataFusionError::Plan(format!(
+            "schema `{catalog}.{schema}` not found"
+        )));
+    }
+    let state_ref = ctx.state_ref();
+    let mut state = state_ref.write();
+    let options = state.config_mut().options_mut();
+    options.catalog.default_catalog = catalog;
+    options.catalog.default_schema = schema;
+    Ok(())
+}
+
+/// Plans queries as Ballista jobs, except changes to front-end memory tables, which live in
+/// this process and run here.
+struct BasinQueryPlanner {
+    distributed: BallistaQueryPlanner<LogicalPlanNode>,
+    local: DefaultPhysicalPlanner,
+}
+
+impl std::fmt::Debug for BasinQueryPlanner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BasinQueryPlanner").finish_non_exhaustive()
+    }
+}
+
+impl BasinQueryPlanner {
+    fn new(scheduler_url: &str, state: &SessionState) -> Self {
+        let config = state.config().ballista_config();
+        Self {
+            distributed: BallistaQueryPlanner::with_extension(
+                scheduler_url.to_string(),
+                config,
+                state.config().ballista_logical_extension_codec(),
+            ),
+            local: DefaultPhysicalPlanner::default(),
+        }
+    }
+}
+
+fn writes_memory_table(plan: &LogicalPlan) -> bool {
+    match plan {
+        LogicalPlan::Dml(DmlStatement { target, .. }) => source_as_provider(target)
+            .map(|p| p.as_any().is::<MemTable>())
+            .unwrap_or(false),
+        _ => false,
+    }
+}
+
+#[async_trait]
+impl QueryPlanner for BasinQueryPlanner {
+    async fn create_physical_plan(
+        &self,
+        logical_plan: &LogicalPlan,
+        session_state: &SessionState,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if writes_memory_table(logical_plan) {
+            self.local
+                .create_physical_plan(logical_plan, session_state)
+                .await
+        } else {
+            self.distributed
+                .create_physical_plan(logical_plan, session_state)
+                .await
+        }
+    }
 }

@@ -9,9 +9,10 @@
 //!  server::start ─► Ballista scheduler (push-staged) ─► tasks ─► executors
 //! ```
 
+pub mod flight_sql;
 pub mod frontend;
 pub mod server;
 pub mod session;
 
 pub use frontend::connect;
-pub use server::{SchedulerHandle, SchedulerOptions, start};
+pub use server::{ClusterView, SchedulerHandle, SchedulerOptions, start};

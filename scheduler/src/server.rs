@@ -50,6 +50,29 @@ pub struct SchedulerHandle {
     task: JoinHandle<()>,
 }
 
+/// A cheap, clonable view of the cluster's executors.
+#[derive(Clone)]
+pub struct ClusterView {
+    server: SchedulerServer<LogicalPlanNode, PhysicalPlanNode>,
+}
+
+impl ClusterView {
+    /// Total task slots of the registered executors.
+    pub async fn task_slots(&self) -> usize {
+        self.server
+            .state
+            .executor_manager
+            .get_executors_state()
+            .await
+            .map(|v| {
+                v.iter()
+                    .map(|(m, _, _)| m.specification.task_slots as usize)
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+}
+
 /// An executor registered with the scheduler.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecutorInfo {
@@ -63,6 +86,13 @@ impl SchedulerHandle {
     /// `http://host:port` for clients and executors.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// A view of the cluster for components that outlive this call.
+    pub fn cluster_view(&self) -> ClusterView {
+        ClusterView {
+            server: self.server.clone(),
+        }
     }
 
     /// The executors that have registered.

@@ -1,0 +1,164 @@
+//! Users and bearer tokens for the Flight SQL endpoint.
+//!
+//! Users come from a file of `name:bcrypt-hash` lines (`#` starts a comment). A client
+//! authenticates with HTTP Basic credentials in the Flight handshake and gets a bearer token,
+//! which every later call carries in `authorization: Bearer …`.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use basin_core::{BasinError, Result};
+
+/// The configured users.
+#[derive(Debug, Default)]
+pub struct Users {
+    hashes: HashMap<String, String>,
+}
+
+impl Users {
+    /// Reads a users file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            BasinError::Invalid(format!("cannot read users file {}: {e}", path.display()))
+        })?;
+        let mut hashes = HashMap::new();
+        for (i, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (user, hash) = line.split_once(':').ok_or_else(|| {
+                BasinError::Invalid(format!(
+                    "users file {} line {}: expected `user:bcrypt-hash`",
+                    path.display(),
+                    i + 1
+                ))
+            })?;
+            if !hash.starts_with("$2") {
+                return Err(BasinError::Invalid(format!(
+                    "users file {} line {}: the password of `{user}` is not a bcrypt hash \
+                     (create one with `basin hash-password`)",
+                    path.display(),
+                    i + 1
+                )));
+            }
+            hashes.insert(user.trim().to_string(), hash.trim().to_string());
+        }
+        if hashes.is_empty() {
+            return Err(BasinError::Invalid(format!(
+                "users file {} defines no user",
+                path.display()
+            )));
+        }
+        Ok(Self { hashes })
+    }
+
+    /// Whether `password` is `user`'s password.
+    pub fn verify(&self, user: &str, password: &str) -> bool {
+        match self.hashes.get(user) {
+            Some(hash) => bcrypt::verify(password, hash).unwrap_or(false),
+            None => {
+                // Spend the same time for unknown users as for known ones.
+                static DUMMY: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+                    bcrypt::hash("basin", bcrypt::DEFAULT_COST).unwrap_or_default()
+                });
+                let _ = bcrypt::verify(password, &DUMMY);
+                false
+            }
+        }
+    }
+}
+
+/// Hashes a password for a users file.
+pub fn hash_password(password: &str) -> Result<String> {
+    bcrypt::hash(password, bcrypt::DEFAULT_COST)
+        .map_err(|e| BasinError::Invalid(format!("cannot hash the password: {e}")))
+}
+
+/// Issued bearer tokens.
+#[derive(Debug, Default)]
+pub struct Tokens {
+    tokens: Mutex<HashMap<String, (String, Instant)>>,
+}
+
+impl Tokens {
+    /// Issues a token for `user`.
+    pub fn issue(&self, user: &str) -> String {
+        let token = format!(
+            "{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        );
+        if let Ok(mut t) = self.tokens.lock() {
+            t.insert(token.clone(), (user.to_string(), Instant::now()));
+        }
+        token
+    }
+
+    /// The user a token was issued to, if it is known and younger than `ttl`.
+    pub fn user(&self, token: &str, ttl: Duration) -> Option<String> {
+        let mut t = self.tokens.lock().ok()?;
+        t.retain(|_, (_, at)| at.elapsed() < ttl);
+        t.get(token).map(|(u, _)| u.clone())
+    }
+}
+
+/// Parses `Basic base64(user:password)`, padded or not (Go's Flight client omits padding).
+pub fn parse_basic(header: &str) -> Option<(String, String)> {
+    use base64::Engine;
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    const LENIENT: GeneralPurpose = GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+    );
+    let encoded = header
+        .strip_prefix("Basic ")
+        .or_else(|| header.strip_prefix("basic "))?;
+    let decoded = LENIENT.decode(encoded.trim()).ok()?;
+    let text = String::from_utf8(decoded).ok()?;
+    let (u, p) = text.split_once(':')?;
+    Some((u.to_string(), p.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn users_file_and_tokens() {
+        let dir = std::env::temp_dir().join(format!("basin-users-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("users");
+        let hash = bcrypt::hash("pw", 4).unwrap();
+        std::fs::write(&file, format!("# users\nalice:{hash}\n")).unwrap();
+        let users = Users::load(&file).unwrap();
+        assert!(users.verify("alice", "pw"));
+        assert!(!users.verify("alice", "nope"));
+        assert!(!users.verify("bob", "pw"));
+        std::fs::write(&file, "alice:plaintext\n").unwrap();
+        assert!(
+            Users::load(&file)
+                .unwrap_err()
+                .to_string()
+                .contains("bcrypt")
+        );
+
+        let tokens = Tokens::default();
+        let t = tokens.issue("alice");
+        assert_eq!(
+            tokens.user(&t, Duration::from_secs(60)).as_deref(),
+            Some("alice")
+        );
+        assert_eq!(tokens.user("forged", Duration::from_secs(60)), None);
+        assert_eq!(
+            parse_basic("Basic YWxpY2U6cHc="),
+            Some(("alice".into(), "pw".into()))
+        );
+        assert_eq!(
+            parse_basic("Basic YWxpY2U6cHc"),
+            Some(("alice".into(), "pw".into()))
+        );
+    }
+}

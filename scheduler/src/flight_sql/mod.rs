@@ -1,0 +1,136 @@
+//! The Arrow Flight SQL front end: BI tools, JDBC, ADBC and `basin sql` connect here.
+//!
+//! ```text
+//!  client ──Flight SQL (gRPC)──► BasinFlightSqlService ─► Registry (sessions, statements)
+//!                                       │ front-end SessionContext per session
+//!                                       ▼
+//!                         Ballista scheduler ─► executors ─► results streamed back
+//! ```
+
+mod auth;
+mod metadata;
+mod service;
+mod state;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow_flight::flight_service_server::FlightServiceServer;
+use basin_core::{BasinConfig, BasinError, Result};
+use datafusion::prelude::SessionContext;
+use tokio::task::JoinHandle;
+use tonic::transport::{Identity, Server, ServerTlsConfig};
+
+pub use auth::hash_password;
+pub use service::{BasinFlightSqlService, to_status};
+
+use crate::server::ClusterView;
+
+/// Creates front-end sessions for Flight SQL clients.
+pub struct SessionFactory {
+    config: Arc<BasinConfig>,
+    scheduler_url: String,
+    cluster: ClusterView,
+}
+
+impl SessionFactory {
+    /// Total task slots of the registered executors (at least 1).
+    pub async fn task_slots(&self) -> usize {
+        self.cluster.task_slots().await.max(1)
+    }
+
+    /// A new front-end session.
+    pub fn connect(&self, task_slots: usize) -> datafusion::error::Result<SessionContext> {
+        crate::frontend::connect(&self.config, &self.scheduler_url, task_slots)
+    }
+}
+
+/// A running Flight SQL endpoint.
+pub struct FlightSqlHandle {
+    pub addr: SocketAddr,
+    task: JoinHandle<()>,
+    janitor: JoinHandle<()>,
+}
+
+impl Drop for FlightSqlHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.janitor.abort();
+    }
+}
+
+/// Serves Flight SQL on `[flight_sql]` for the scheduler at `scheduler_url`.
+pub async fn serve(
+    config: Arc<BasinConfig>,
+    scheduler_url: String,
+    cluster: ClusterView,
+    port: u16,
+) -> Result<FlightSqlHandle> {
+    let options = config.flight_sql.clone();
+    let host = config.server.bind_host.clone();
+    let addr = crate::server::reserve_port(&host, port, "Flight SQL endpoint")?;
+    let users = match &options.users_file {
+        Some(path) => Some(Arc::new(auth::Users::load(path)?)),
+        None => {
+            let loopback = addr.ip().is_loopback();
+            tracing::warn!(
+                "Flight SQL: no [flight_sql] users_file configured: accepting anonymous \
+                 clients{}",
+                if loopback {
+                    " (from loopback only)"
+                } else {
+                    " from loopback only; remote clients are refused"
+                }
+            );
+            None
+        }
+    };
+    let registry = Arc::new(state::Registry::default());
+    let idle = Duration::from_secs(options.session_idle_seconds.max(1));
+    let factory = Arc::new(SessionFactory {
+        config: config.clone(),
+        scheduler_url,
+        cluster,
+    });
+    let service = BasinFlightSqlService::new(factory, registry.clone(), users, idle);
+    let mut builder = Server::builder();
+    if let (Some(cert), Some(key)) = (&options.tls_cert, &options.tls_key) {
+        let read = |p: &std::path::Path| {
+            std::fs::read(p).map_err(|e| {
+                BasinError::Invalid(format!("cannot read TLS file {}: {e}", p.display()))
+            })
+        };
+        let identity = Identity::from_pem(read(cert)?, read(key)?);
+        builder = builder
+            .tls_config(ServerTlsConfig::new().identity(identity))
+            .map_err(|e| BasinError::Invalid(format!("bad TLS configuration: {e}")))?;
+    }
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| BasinError::Invalid(format!("cannot listen on {addr} for Flight SQL: {e}")))?;
+    let router = builder.add_service(
+        FlightServiceServer::new(service)
+            .max_decoding_message_size(256 * 1024 * 1024)
+            .max_encoding_message_size(256 * 1024 * 1024),
+    );
+    let task = tokio::spawn(async move {
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        if let Err(e) = router.serve_with_incoming(incoming).await {
+            tracing::error!(error = %e, "Flight SQL endpoint stopped");
+        }
+    });
+    let janitor = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(60));
+        loop {
+            tick.tick().await;
+            registry.expire(idle);
+        }
+    });
+    tracing::info!(%addr, tls = options.tls_cert.is_some(), "Flight SQL endpoint listening");
+    Ok(FlightSqlHandle {
+        addr,
+        task,
+        janitor,
+    })
+}

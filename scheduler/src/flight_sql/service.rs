@@ -1,0 +1,997 @@
+//! `BasinFlightSqlService`: Arrow Flight SQL on top of front-end sessions.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use arrow_flight::decode::FlightRecordBatchStream;
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_server::FlightService;
+use arrow_flight::sql::metadata::GetTablesBuilder;
+use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
+use arrow_flight::sql::{
+    ActionCancelQueryRequest, ActionCancelQueryResult, ActionClosePreparedStatementRequest,
+    ActionCreatePreparedStatementRequest, ActionCreatePreparedStatementResult, Any,
+    CommandGetCatalogs, CommandGetCrossReference, CommandGetDbSchemas, CommandGetExportedKeys,
+    CommandGetImportedKeys, CommandGetPrimaryKeys, CommandGetSqlInfo, CommandGetTableTypes,
+    CommandGetTables, CommandGetXdbcTypeInfo, CommandPreparedStatementQuery,
+    CommandPreparedStatementUpdate, CommandStatementQuery, CommandStatementUpdate,
+    DoPutPreparedStatementResult, ProstMessageExt, SqlInfo, TicketStatementQuery,
+};
+use arrow_flight::{
+    Action, CancelFlightInfoRequest, CancelFlightInfoResult, CancelStatus, FlightDescriptor,
+    FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse, IpcMessage, SchemaAsIpc,
+    Ticket,
+};
+use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt64Array};
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::ipc::writer::IpcWriteOptions;
+use datafusion::common::{ParamValues, ScalarValue};
+use datafusion::error::DataFusionError;
+use datafusion::logical_expr::{LogicalPlan, TableType};
+use datafusion::physical_plan::SendableRecordBatchStream;
+use futures::stream::{AbortHandle, Abortable, BoxStream};
+use futures::{Stream, StreamExt, TryStreamExt};
+use prost::Message;
+use tonic::metadata::MetadataValue;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::SessionFactory;
+use super::auth::{Tokens, Users, parse_basic};
+use super::metadata::{SQL_INFO, XDBC_TYPES, annotate_schema};
+use super::state::{Registry, Session, Statement};
+
+type DoGetStream = Pin<Box<dyn Stream<Item = Result<arrow_flight::FlightData, Status>> + Send>>;
+
+/// The Flight SQL service of a Basin scheduler.
+pub struct BasinFlightSqlService {
+    sessions: Arc<SessionFactory>,
+    registry: Arc<Registry>,
+    users: Option<Arc<Users>>,
+    tokens: Arc<Tokens>,
+    token_ttl: Duration,
+}
+
+impl BasinFlightSqlService {
+    pub(crate) fn new(
+        sessions: Arc<SessionFactory>,
+        registry: Arc<Registry>,
+        users: Option<Arc<Users>>,
+        token_ttl: Duration,
+    ) -> Self {
+        Self {
+            sessions,
+            registry,
+            users,
+            tokens: Arc::new(Tokens::default()),
+            token_ttl,
+        }
+    }
+
+    /// Authenticates the caller and returns its session key.
+    fn caller<T>(&self, request: &Request<T>) -> Result<String, Status> {
+        let bearer = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
+            .map(str::trim);
+        if let Some(token) = bearer {
+            return match self.tokens.user(token, self.token_ttl) {
+                Some(_) => Ok(format!("token:{token}")),
+                None => Err(Status::unauthenticated(
+                    "the bearer token is unknown or expired: authenticate again",
+                )),
+            };
+        }
+        if self.users.is_some() {
+            return Err(Status::unauthenticated(
+                "authentication required: connect with a user name and password",
+            ));
+        }
+        match request.remote_addr() {
+            Some(addr) if addr.ip().is_loopback() => Ok(format!("conn:{addr}")),
+            Some(addr) => Err(Status::unauthenticated(format!(
+                "anonymous clients may only connect from loopback, not {}; configure \
+                 [flight_sql] users_file to allow remote clients",
+                addr.ip()
+            ))),
+            None => Ok("conn:local".to_string()),
+        }
+    }
+
+    async fn session<T>(&self, request: &Request<T>) -> Result<(String, Arc<Session>), Status> {
+        let key = self.caller(request)?;
+        let slots = self.sessions.task_slots().await;
+        let factory = self.sessions.clone();
+        let session = self
+            .registry
+            .session(&key, || factory.connect(slots))
+            .map_err(to_status)?;
+        Ok((key, session))
+    }
+
+    async fn plan(&self, session: &Session, sql: &str) -> Result<LogicalPlan, Status> {
+        if let Some(done) = crate::frontend::try_use_statement(&session.ctx, sql) {
+            done.map_err(to_status)?;
+            return Ok(LogicalPlan::EmptyRelation(
+                datafusion::logical_expr::EmptyRelation {
+                    produce_one_row: false,
+                    schema: Arc::new(datafusion::common::DFSchema::empty()),
+                },
+            ));
+        }
+        session
+            .ctx
+            .state()
+            .create_logical_plan(sql)
+            .await
+            .map_err(to_status)
+    }
+
+    /// Runs DDL and DML right away (clients may never fetch their result); queries wait
+    /// for `DoGet`.
+    async fn run_if_not_query(
+        &self,
+        session: &Session,
+        plan: &LogicalPlan,
+    ) -> Result<Option<Vec<RecordBatch>>, Status> {
+        if !matches!(
+            plan,
+            LogicalPlan::Ddl(_)
+                | LogicalPlan::Dml(_)
+                | LogicalPlan::Copy(_)
+                | LogicalPlan::Statement(_)
+        ) {
+            return Ok(None);
+        }
+        let stream = execute(session, plan.clone(), None).await?;
+        let batches: Vec<RecordBatch> = stream.try_collect().await.map_err(to_status)?;
+        Ok(Some(batches))
+    }
+
+    fn flight_info(
+        schema: &Schema,
+        ticket: Any,
+        descriptor: FlightDescriptor,
+    ) -> Result<FlightInfo, Status> {
+        Ok(FlightInfo::new()
+            .try_with_schema(schema)
+            .map_err(|e| Status::internal(format!("cannot encode the result schema: {e}")))?
+            .with_endpoint(FlightEndpoint::new().with_ticket(Ticket::new(ticket.encode_to_vec())))
+            .with_descriptor(descriptor)
+            .with_total_records(-1)
+            .with_total_bytes(-1)
+            .with_ordered(true))
+    }
+
+    /// Runs a stored statement and streams its result.
+    async fn run_statement(
+        &self,
+        key: &str,
+        handle: &str,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let (plan, params, prepared, done) = self
+            .registry
+            .with_statement(handle, key, |s| {
+                tracing::debug!(statement = %handle, sql = %s.sql, "running");
+                let done = if s.prepared {
+                    s.result.clone()
+                } else {
+                    s.result.take()
+                };
+                (s.plan.clone(), s.params.clone(), s.prepared, done)
+            })
+            .ok_or_else(|| Status::not_found("unknown statement handle (expired or closed?)"))?;
+        if let Some(batches) = done {
+            if !prepared {
+                self.registry.remove_statement(handle, key);
+            }
+            let schema = annotate_schema(plan.schema());
+            let stream = FlightDataEncoderBuilder::new()
+                .with_schema(schema)
+                .build(futures::stream::iter(batches.into_iter().map(Ok)))
+                .map_err(Status::from);
+            return Ok(Response::new(Box::pin(stream)));
+        }
+        let session = self.registry.session(key, || {
+            Err(DataFusionError::Execution("the session has expired".into()))
+        });
+        let session = session.map_err(to_status)?;
+        let stream = execute(&session, plan, params).await?;
+        let schema = stream.schema();
+        let (abort, registration) = AbortHandle::new_pair();
+        self.registry
+            .with_statement(handle, key, |s| s.abort = Some(abort));
+        let cleanup = Cleanup {
+            registry: self.registry.clone(),
+            handle: handle.to_string(),
+            session: key.to_string(),
+            remove: !prepared,
+        };
+        let batches = Cancellable {
+            inner: Abortable::new(stream, registration),
+            done: false,
+            _cleanup: cleanup,
+        }
+        .map_err(|e| FlightError::Tonic(Box::new(to_status(e))));
+        let flight = FlightDataEncoderBuilder::new()
+            .with_schema(schema)
+            .build(batches)
+            .map_err(Status::from);
+        Ok(Response::new(Box::pin(flight)))
+    }
+
+    async fn update_count(
+        &self,
+        session: &Session,
+        plan: LogicalPlan,
+        params: Option<ParamValues>,
+    ) -> Result<i64, Status> {
+        let stream = execute(session, plan, params).await?;
+        let batches: Vec<RecordBatch> = stream.try_collect().await.map_err(to_status)?;
+        Ok(affected_rows(&batches))
+    }
+
+    fn batch_response(batch: RecordBatch) -> Response<DoGetStream> {
+        let schema = batch.schema();
+        let stream = FlightDataEncoderBuilder::new()
+            .with_schema(schema)
+            .build(futures::stream::once(async move { Ok(batch) }))
+            .map_err(Status::from);
+        Response::new(Box::pin(stream))
+    }
+
+    async fn handle_cancel(&self, info: &FlightInfo) -> bool {
+        let mut cancelled = false;
+        for endpoint in &info.endpoint {
+            let Some(ticket) = &endpoint.ticket else {
+                continue;
+            };
+            let Ok(any) = Any::decode(ticket.ticket.as_ref()) else {
+                continue;
+            };
+            let handle = if let Ok(Some(t)) = any.unpack::<TicketStatementQuery>() {
+                String::from_utf8_lossy(&t.statement_handle).to_string()
+            } else if let Ok(Some(p)) = any.unpack::<CommandPreparedStatementQuery>() {
+                String::from_utf8_lossy(&p.prepared_statement_handle).to_string()
+            } else {
+                continue;
+            };
+            cancelled |= self.registry.cancel(&handle);
+        }
+        cancelled
+    }
+}
+
+/// Removes a one-shot statement (or forgets a prepared statement's run) when its result
+/// stream ends or is dropped.
+struct Cleanup {
+    registry: Arc<Registry>,
+    handle: String,
+    session: String,
+    remove: bool,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if self.remove {
+            self.registry.remove_statement(&self.handle, &self.session);
+        } else {
+            self.registry
+                .with_statement(&self.handle, &self.session, |s| s.abort = None);
+        }
+    }
+}
+
+/// A result stream that ends with an error (not silently) when cancelled.
+struct Cancellable {
+    inner: Abortable<SendableRecordBatchStream>,
+    done: bool,
+    _cleanup: Cleanup,
+}
+
+impl Stream for Cancellable {
+    type Item = datafusion::error::Result<RecordBatch>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        match self.inner.poll_next_unpin(cx) {
+            Poll::Ready(None) if self.inner.is_aborted() => {
+                self.done = true;
+                Poll::Ready(Some(Err(DataFusionError::Execution(
+                    "the query was cancelled".to_string(),
+                ))))
+            }
+            other => other,
+        }
+    }
+}
+
+async fn execute(
+    session: &Session,
+    plan: LogicalPlan,
+    params: Option<ParamValues>,
+) -> Result<SendableRecordBatchStream, Status> {
+    let plan = match params {
+        Some(p) => plan.with_param_values(p).map_err(to_status)?,
+        None => plan,
+    };
+    let df = session
+        .ctx
+        .execute_logical_plan(plan)
+        .await
+        .map_err(to_status)?;
+    let schema = annotate_schema(df.schema());
+    let stream = df.execute_stream().await.map_err(to_status)?;
+    Ok(Box::pin(
+        datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
+            schema.clone(),
+            stream.map(move |b| b.and_then(|b| b.with_schema(schema.clone()).map_err(Into::into))),
+        ),
+    ))
+}
+
+/// Rows affected by DML (DataFusion returns a `count` column), 0 for DDL.
+fn affected_rows(batches: &[RecordBatch]) -> i64 {
+    batches
+        .iter()
+        .filter(|b| b.num_columns() == 1 && b.schema().field(0).name() == "count")
+        .filter_map(|b| b.column(0).as_any().downcast_ref::<UInt64Array>().cloned())
+        .map(|a| a.iter().flatten().sum::<u64>() as i64)
+        .sum()
+}
+
+/// Maps an engine error to a gRPC status: user errors are `InvalidArgument` or `NotFound`
+/// with the engine's message, broken invariants `Internal`.
+pub fn to_status(err: DataFusionError) -> Status {
+    let message = err.to_string();
+    match err.find_root() {
+        DataFusionError::Internal(_) => Status::internal(message),
+        DataFusionError::ResourcesExhausted(_) => Status::resource_exhausted(message),
+        _ if message.contains("not found") || message.contains("doesn't exist") => {
+            Status::not_found(message)
+        }
+        DataFusionError::Execution(m) if m.contains("cancelled") => Status::cancelled(message),
+        _ => Status::invalid_argument(message),
+    }
+}
+
+fn schema_ipc(schema: &Schema) -> Result<Vec<u8>, Status> {
+    let IpcMessage(bytes) = SchemaAsIpc::new(schema, &IpcWriteOptions::default())
+        .try_into()
+        .map_err(|e: datafusion::arrow::error::ArrowError| Status::internal(e.to_string()))?;
+    Ok(bytes.to_vec())
+}
+
+fn parameter_schema(plan: &LogicalPlan) -> Result<SchemaRef, Status> {
+    let types = plan.get_parameter_types().map_err(to_status)?;
+    let mut names: Vec<_> = types.into_iter().collect();
+    names.sort_by_key(|(name, _)| {
+        name.trim_start_matches('$')
+            .parse::<usize>()
+            .unwrap_or(usize::MAX)
+    });
+    Ok(Arc::new(Schema::new(
+        names
+            .into_iter()
+            .map(|(name, dt)| Field::new(name, dt.unwrap_or(DataType::Null), true))
+            .collect::<Vec<_>>(),
+    )))
+}
+
+fn keys_schema(cross: bool) -> SchemaRef {
+    let s = |n: &str, null: bool| Field::new(n, DataType::Utf8, null);
+    if cross {
+        Arc::new(Schema::new(vec![
+            s("pk_catalog_name", true),
+            s("pk_db_schema_name", true),
+            s("pk_table_name", false),
+            s("pk_column_name", false),
+            s("fk_catalog_name", true),
+            s("fk_db_schema_name", true),
+            s("fk_table_name", false),
+            s("fk_column_name", false),
+            Field::new("key_sequence", DataType::Int32, false),
+            s("fk_key_name", true),
+            s("pk_key_name", true),
+            Field::new("update_rule", DataType::UInt8, false),
+            Field::new("delete_rule", DataType::UInt8, false),
+        ]))
+    } else {
+        Arc::new(Schema::new(vec![
+            s("catalog_name", true),
+            s("db_schema_name", true),
+            s("table_name", false),
+            s("column_name", false),
+            s("key_name", true),
+            Field::new("key_sequence", DataType::Int32, false),
+        ]))
+    }
+}
+
+fn table_type_name(t: TableType) -> &'static str {
+    match t {
+        TableType::Base => "TABLE",
+        TableType::View => "VIEW",
+        TableType::Temporary => "LOCAL TEMPORARY",
+    }
+}
+
+fn bad_handle(bytes: &[u8]) -> Result<String, Status> {
+    String::from_utf8(bytes.to_vec())
+        .map_err(|_| Status::invalid_argument("malformed statement handle"))
+}
+
+#[tonic::async_trait]
+impl FlightSqlService for BasinFlightSqlService {
+    type FlightService = BasinFlightSqlService;
+
+    async fn do_handshake(
+        &self,
+        request: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<
+        Response<Pin<Box<dyn Stream<Item = Result<HandshakeResponse, Status>> + Send>>>,
+        Status,
+    > {
+        let basic = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_basic);
+        let user = match (&self.users, basic) {
+            (Some(users), Some((user, password))) => {
+                // bcrypt is deliberately slow: keep it off the async workers.
+                let users = users.clone();
+                let u = user.clone();
+                let ok = tokio::task::spawn_blocking(move || users.verify(&u, &password))
+                    .await
+                    .unwrap_or(false);
+                if !ok {
+                    return Err(Status::unauthenticated("wrong user name or password"));
+                }
+                user
+            }
+            (Some(_), None) => {
+                return Err(Status::unauthenticated(
+                    "authentication required: send a user name and password (HTTP Basic)",
+                ));
+            }
+            (None, _) => {
+                self.caller(&request)?;
+                "anonymous".to_string()
+            }
+        };
+        let token = self.tokens.issue(&user);
+        let response = HandshakeResponse {
+            protocol_version: 0,
+            payload: token.clone().into(),
+        };
+        let stream: Pin<Box<dyn Stream<Item = Result<HandshakeResponse, Status>> + Send>> =
+            Box::pin(futures::stream::once(async move { Ok(response) }));
+        let mut resp = Response::new(stream);
+        let value = MetadataValue::try_from(format!("Bearer {token}"))
+            .map_err(|_| Status::internal("cannot encode the token"))?;
+        resp.metadata_mut().insert("authorization", value);
+        Ok(resp)
+    }
+
+    async fn get_flight_info_statement(
+        &self,
+        query: CommandStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let (key, session) = self.session(&request).await?;
+        let plan = self.plan(&session, &query.query).await?;
+        let schema = annotate_schema(plan.schema());
+        let result = self.run_if_not_query(&session, &plan).await?;
+        let mut statement = Statement::new(key, query.query, plan, false);
+        statement.result = result;
+        let handle = self.registry.put_statement(statement);
+        let ticket = TicketStatementQuery {
+            statement_handle: handle.into_bytes().into(),
+        };
+        let info = Self::flight_info(&schema, ticket.as_any(), request.into_inner())?;
+        Ok(Response::new(info))
+    }
+
+    async fn get_flight_info_prepared_statement(
+        &self,
+        cmd: CommandPreparedStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let (key, session) = self.session(&request).await?;
+        let handle = bad_handle(&cmd.prepared_statement_handle)?;
+        let (schema, plan) = self
+            .registry
+            .with_statement(&handle, &key, |s| {
+                (annotate_schema(s.plan.schema()), s.plan.clone())
+            })
+            .ok_or_else(|| Status::not_found("unknown prepared statement (closed?)"))?;
+        if let Some(result) = self.run_if_not_query(&session, &plan).await? {
+            self.registry
+                .with_statement(&handle, &key, |s| s.result = Some(result));
+        }
+        let info = Self::flight_info(&schema, cmd.as_any(), request.into_inner())?;
+        Ok(Response::new(info))
+    }
+
+    async fn get_flight_info_catalogs(
+        &self,
+        query: CommandGetCatalogs,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.caller(&request)?;
+        let schema = query.into_builder().schema();
+        Ok(Response::new(Self::flight_info(
+            &schema,
+            query.as_any(),
+            request.into_inner(),
+        )?))
+    }
+
+    async fn get_flight_info_schemas(
+        &self,
+        query: CommandGetDbSchemas,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.caller(&request)?;
+        let schema = query.clone().into_builder().schema();
+        Ok(Response::new(Self::flight_info(
+            &schema,
+            query.as_any(),
+            request.into_inner(),
+        )?))
+    }
+
+    async fn get_flight_info_tables(
+        &self,
+        query: CommandGetTables,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.caller(&request)?;
+        let schema = query.clone().into_builder().schema();
+        Ok(Response::new(Self::flight_info(
+            &schema,
+            query.as_any(),
+            request.into_inner(),
+        )?))
+    }
+
+    async fn get_flight_info_table_types(
+        &self,
+        query: CommandGetTableTypes,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.caller(&request)?;
+        let schema = query.into_builder().schema();
+        Ok(Response::new(Self::flight_info(
+            &schema,
+            query.as_any(),
+            request.into_inner(),
+        )?))
+    }
+
+    async fn get_flight_info_sql_info(
+        &self,
+        query: CommandGetSqlInfo,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.caller(&request)?;
+        let schema = query.clone().into_builder(&SQL_INFO).schema();
+        Ok(Response::new(Self::flight_info(
+            &schema,
+            query.as_any(),
+            request.into_inner(),
+        )?))
+    }
+
+    async fn get_flight_info_primary_keys(
+        &self,
+        query: CommandGetPrimaryKeys,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.caller(&request)?;
+        Ok(Response::new(Self::flight_info(
+            &keys_schema(false),
+            query.as_any(),
+            request.into_inner(),
+        )?))
+    }
+
+    async fn get_flight_info_exported_keys(
+        &self,
+        query: CommandGetExportedKeys,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.caller(&request)?;
+        Ok(Response::new(Self::flight_info(
+            &keys_schema(true),
+            query.as_any(),
+            request.into_inner(),
+        )?))
+    }
+
+    async fn get_flight_info_imported_keys(
+        &self,
+        query: CommandGetImportedKeys,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.caller(&request)?;
+        Ok(Response::new(Self::flight_info(
+            &keys_schema(true),
+            query.as_any(),
+            request.into_inner(),
+        )?))
+    }
+
+    async fn get_flight_info_cross_reference(
+        &self,
+        query: CommandGetCrossReference,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.caller(&request)?;
+        Ok(Response::new(Self::flight_info(
+            &keys_schema(true),
+            query.as_any(),
+            request.into_inner(),
+        )?))
+    }
+
+    async fn get_flight_info_xdbc_type_info(
+        &self,
+        query: CommandGetXdbcTypeInfo,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.caller(&request)?;
+        let schema = query.into_builder(&XDBC_TYPES).schema();
+        Ok(Response::new(Self::flight_info(
+            &schema,
+            query.as_any(),
+            request.into_inner(),
+        )?))
+    }
+
+    async fn do_get_statement(
+        &self,
+        ticket: TicketStatementQuery,
+        request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        let key = self.caller(&request)?;
+        let handle = bad_handle(&ticket.statement_handle)?;
+        self.run_statement(&key, &handle).await
+    }
+
+    async fn do_get_prepared_statement(
+        &self,
+        query: CommandPreparedStatementQuery,
+        request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        let key = self.caller(&request)?;
+        let handle = bad_handle(&query.prepared_statement_handle)?;
+        self.run_statement(&key, &handle).await
+    }
+
+    async fn do_get_catalogs(
+        &self,
+        query: CommandGetCatalogs,
+        request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        let (_, session) = self.session(&request).await?;
+        let mut builder = query.into_builder();
+        let mut names = session.ctx.catalog_names();
+        names.sort();
+        for name in names {
+            builder.append(name);
+        }
+        let batch = builder
+            .build()
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Self::batch_response(batch))
+    }
+
+    async fn do_get_schemas(
+        &self,
+        query: CommandGetDbSchemas,
+        request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        let (_, session) = self.session(&request).await?;
+        let mut builder = query.into_builder();
+        let mut catalogs = session.ctx.catalog_names();
+        catalogs.sort();
+        for catalog in catalogs {
+            if let Some(provider) = session.ctx.catalog(&catalog) {
+                let mut schemas = provider.schema_names();
+                schemas.sort();
+                for schema in schemas {
+                    builder.append(&catalog, schema);
+                }
+            }
+        }
+        let batch = builder
+            .build()
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Self::batch_response(batch))
+    }
+
+    async fn do_get_tables(
+        &self,
+        query: CommandGetTables,
+        request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        let (_, session) = self.session(&request).await?;
+        let catalog_filter = query.catalog.clone();
+        let mut builder: GetTablesBuilder = query.into_builder();
+        let mut catalogs = session.ctx.catalog_names();
+        catalogs.sort();
+        for catalog in catalogs {
+            if catalog_filter.as_ref().is_some_and(|c| c != &catalog) {
+                continue;
+            }
+            let Some(catalog_provider) = session.ctx.catalog(&catalog) else {
+                continue;
+            };
+            let mut schemas = catalog_provider.schema_names();
+            schemas.sort();
+            for schema in schemas {
+                let Some(schema_provider) = catalog_provider.schema(&schema) else {
+                    continue;
+                };
+                let mut tables = schema_provider.table_names();
+                tables.sort();
+                for table in tables {
+                    let Ok(Some(provider)) = schema_provider.table(&table).await else {
+                        continue;
+                    };
+                    builder
+                        .append(
+                            &catalog,
+                            &schema,
+                            &table,
+                            table_type_name(provider.table_type()),
+                            provider.schema().as_ref(),
+                        )
+                        .map_err(|e| Status::internal(e.to_string()))?;
+                }
+            }
+        }
+        let batch = builder
+            .build()
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Self::batch_response(batch))
+    }
+
+    async fn do_get_table_types(
+        &self,
+        query: CommandGetTableTypes,
+        request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        self.caller(&request)?;
+        let mut builder = query.into_builder();
+        for t in ["LOCAL TEMPORARY", "TABLE", "VIEW"] {
+            builder.append(t);
+        }
+        let batch = builder
+            .build()
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Self::batch_response(batch))
+    }
+
+    async fn do_get_sql_info(
+        &self,
+        query: CommandGetSqlInfo,
+        request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        self.caller(&request)?;
+        let batch = query
+            .into_builder(&SQL_INFO)
+            .build()
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Self::batch_response(batch))
+    }
+
+    async fn do_get_primary_keys(
+        &self,
+        _query: CommandGetPrimaryKeys,
+        request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        self.caller(&request)?;
+        Ok(Self::batch_response(RecordBatch::new_empty(keys_schema(
+            false,
+        ))))
+    }
+
+    async fn do_get_exported_keys(
+        &self,
+        _query: CommandGetExportedKeys,
+        request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        self.caller(&request)?;
+        Ok(Self::batch_response(RecordBatch::new_empty(keys_schema(
+            true,
+        ))))
+    }
+
+    async fn do_get_imported_keys(
+        &self,
+        _query: CommandGetImportedKeys,
+        request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        self.caller(&request)?;
+        Ok(Self::batch_response(RecordBatch::new_empty(keys_schema(
+            true,
+        ))))
+    }
+
+    async fn do_get_cross_reference(
+        &self,
+        _query: CommandGetCrossReference,
+        request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        self.caller(&request)?;
+        Ok(Self::batch_response(RecordBatch::new_empty(keys_schema(
+            true,
+        ))))
+    }
+
+    async fn do_get_xdbc_type_info(
+        &self,
+        query: CommandGetXdbcTypeInfo,
+        request: Request<Ticket>,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        self.caller(&request)?;
+        let batch = query
+            .into_builder(&XDBC_TYPES)
+            .build()
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Self::batch_response(batch))
+    }
+
+    async fn do_put_statement_update(
+        &self,
+        ticket: CommandStatementUpdate,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        let (_, session) = self.session(&request).await?;
+        let plan = self.plan(&session, &ticket.query).await?;
+        self.update_count(&session, plan, None).await
+    }
+
+    async fn do_put_prepared_statement_query(
+        &self,
+        query: CommandPreparedStatementQuery,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<DoPutPreparedStatementResult, Status> {
+        let key = self.caller(&request)?;
+        let handle = bad_handle(&query.prepared_statement_handle)?;
+        let params = read_parameters(request.into_inner()).await?;
+        self.registry
+            .with_statement(&handle, &key, |s| s.params = params)
+            .ok_or_else(|| Status::not_found("unknown prepared statement (closed?)"))?;
+        Ok(DoPutPreparedStatementResult {
+            prepared_statement_handle: Some(handle.into_bytes().into()),
+        })
+    }
+
+    async fn do_put_prepared_statement_update(
+        &self,
+        query: CommandPreparedStatementUpdate,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<i64, Status> {
+        let (key, session) = self.session(&request).await?;
+        let handle = bad_handle(&query.prepared_statement_handle)?;
+        let params = read_parameters(request.into_inner()).await?;
+        let plan = self
+            .registry
+            .with_statement(&handle, &key, |s| s.plan.clone())
+            .ok_or_else(|| Status::not_found("unknown prepared statement (closed?)"))?;
+        self.update_count(&session, plan, params).await
+    }
+
+    async fn do_action_create_prepared_statement(
+        &self,
+        query: ActionCreatePreparedStatementRequest,
+        request: Request<Action>,
+    ) -> Result<ActionCreatePreparedStatementResult, Status> {
+        let (key, session) = self.session(&request).await?;
+        let plan = self.plan(&session, &query.query).await?;
+        let dataset_schema = schema_ipc(&annotate_schema(plan.schema()))?;
+        let parameter_schema = schema_ipc(parameter_schema(&plan)?.as_ref())?;
+        let handle = self
+            .registry
+            .put_statement(Statement::new(key, query.query, plan, true));
+        Ok(ActionCreatePreparedStatementResult {
+            prepared_statement_handle: handle.into_bytes().into(),
+            dataset_schema: dataset_schema.into(),
+            parameter_schema: parameter_schema.into(),
+        })
+    }
+
+    async fn do_action_close_prepared_statement(
+        &self,
+        query: ActionClosePreparedStatementRequest,
+        request: Request<Action>,
+    ) -> Result<(), Status> {
+        let key = self.caller(&request)?;
+        let handle = bad_handle(&query.prepared_statement_handle)?;
+        self.registry.remove_statement(&handle, &key);
+        Ok(())
+    }
+
+    async fn do_action_cancel_query(
+        &self,
+        query: ActionCancelQueryRequest,
+        request: Request<Action>,
+    ) -> Result<ActionCancelQueryResult, Status> {
+        self.caller(&request)?;
+        let info = FlightInfo::decode(query.info.as_ref())
+            .map_err(|e| Status::invalid_argument(format!("malformed FlightInfo: {e}")))?;
+        let cancelled = self.handle_cancel(&info).await;
+        Ok(ActionCancelQueryResult {
+            result: if cancelled { 1 } else { 3 },
+        })
+    }
+
+    async fn do_action_fallback(
+        &self,
+        request: Request<Action>,
+    ) -> Result<Response<<Self as FlightService>::DoActionStream>, Status> {
+        if request.get_ref().r#type == "CancelFlightInfo" {
+            self.caller(&request)?;
+            let req = CancelFlightInfoRequest::decode(request.get_ref().body.as_ref())
+                .map_err(|e| Status::invalid_argument(format!("malformed request: {e}")))?;
+            let cancelled = match &req.info {
+                Some(info) => self.handle_cancel(info).await,
+                None => false,
+            };
+            let result = CancelFlightInfoResult {
+                status: if cancelled {
+                    CancelStatus::Cancelled as i32
+                } else {
+                    CancelStatus::NotCancellable as i32
+                },
+            };
+            let body = arrow_flight::Result {
+                body: result.encode_to_vec().into(),
+            };
+            let stream: BoxStream<'static, Result<arrow_flight::Result, Status>> =
+                Box::pin(futures::stream::once(async move { Ok(body) }));
+            return Ok(Response::new(stream));
+        }
+        Err(Status::unimplemented(format!(
+            "action {} is not supported",
+            request.get_ref().r#type
+        )))
+    }
+
+    async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
+}
+
+/// The first row of the parameter batches a client sent with DoPut.
+async fn read_parameters(stream: PeekableFlightDataStream) -> Result<Option<ParamValues>, Status> {
+    let mut batches =
+        FlightRecordBatchStream::new_from_flight_data(stream.map_err(FlightError::from));
+    while let Some(batch) = batches.next().await {
+        let batch = batch.map_err(|e| Status::invalid_argument(format!("bad parameters: {e}")))?;
+        if batch.num_rows() == 0 {
+            continue;
+        }
+        let values = batch
+            .columns()
+            .iter()
+            .map(|c: &ArrayRef| ScalarValue::try_from_array(c, 0))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(to_status)?;
+        return Ok(Some(ParamValues::List(
+            values.into_iter().map(Into::into).collect(),
+        )));
+    }
+    Ok(None)
+}
