@@ -9,4 +9,5 @@
 
 pub mod cluster;
 pub mod output;
+pub mod shell;
 pub mod statements;

@@ -32,8 +32,29 @@ enum Command {
     Scheduler(SchedulerArgs),
     /// An executor that joins a scheduler.
     Executor(ExecutorArgs),
+    /// Interactive SQL shell over Flight SQL (or -e/-f to run statements and exit).
+    Sql(SqlArgs),
     /// Prints the bcrypt hash of a password read from stdin, for a [flight_sql] users file.
     HashPassword,
+}
+
+#[derive(Args)]
+struct SqlArgs {
+    /// Flight SQL URL.
+    #[arg(default_value = "grpc://127.0.0.1:50060", env = "BASIN_URL")]
+    url: String,
+    /// User name (the password is prompted for, or read from BASIN_PASSWORD).
+    #[arg(long, short = 'u', env = "BASIN_USER")]
+    user: Option<String>,
+    /// SQL to run (repeatable); prints each result and exits.
+    #[arg(short = 'e', long = "execute")]
+    execute: Vec<String>,
+    /// File of SQL statements to run; prints each result and exits.
+    #[arg(short = 'f', long = "file")]
+    file: Option<PathBuf>,
+    /// Result format.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+    format: OutputFormat,
 }
 
 #[derive(Args)]
@@ -74,6 +95,9 @@ struct StandaloneArgs {
     /// Result format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
     format: OutputFormat,
+    /// Open the SQL shell on this cluster instead of only serving clients.
+    #[arg(long)]
+    shell: bool,
 }
 
 #[derive(Args)]
@@ -133,6 +157,7 @@ fn main() -> ExitCode {
             Command::Standalone(args) => standalone(args).await,
             Command::Scheduler(args) => scheduler(args).await,
             Command::Executor(args) => executor(args).await,
+            Command::Sql(args) => sql_shell(args).await,
             Command::HashPassword => hash_password(),
         }
     });
@@ -209,6 +234,11 @@ async fn standalone(args: StandaloneArgs) -> Result<(), String> {
         )
         .await
         .map_err(|e| e.to_string())?;
+        if args.shell {
+            let url = format!("grpc://{}", flight.addr);
+            let mut conn = basin_cli::shell::Connection::connect(&url, None, None).await?;
+            return basin_cli::shell::interactive(&mut conn, args.format, &url).await;
+        }
         eprintln!(
             "Basin standalone: Flight SQL on {} (jdbc:arrow-flight-sql://{}/?useEncryption=false), \
              scheduler at {}, {} executors ({} task slots). Press Ctrl-C to stop.",
@@ -294,6 +324,31 @@ async fn executor(args: ExecutorArgs) -> Result<(), String> {
     basin_executor::run(config, options)
         .await
         .map_err(|e: BasinError| e.to_string())
+}
+
+async fn sql_shell(args: SqlArgs) -> Result<(), String> {
+    use basin_cli::shell;
+    let password = match (&args.user, std::env::var("BASIN_PASSWORD")) {
+        (None, _) => None,
+        (Some(_), Ok(p)) => Some(p),
+        (Some(user), Err(_)) => Some(
+            rpassword::prompt_password(format!("Password for {user}: "))
+                .map_err(|e| format!("cannot read the password: {e}"))?,
+        ),
+    };
+    let mut conn =
+        shell::Connection::connect(&args.url, args.user.as_deref(), password.as_deref()).await?;
+    let mut scripts: Vec<String> = args.execute.clone();
+    if let Some(file) = &args.file {
+        scripts.push(read_sql_file(file)?);
+    }
+    if scripts.is_empty() {
+        return shell::interactive(&mut conn, args.format, &args.url).await;
+    }
+    for sql in scripts {
+        shell::run_script(&mut conn, &sql, args.format).await?;
+    }
+    Ok(())
 }
 
 fn hash_password() -> Result<(), String> {

@@ -1,6 +1,7 @@
 //! Integration tests of the `basin` binary: one test binary for the crate.
 
 mod s3;
+mod shell;
 mod standalone;
 
 use std::path::PathBuf;
