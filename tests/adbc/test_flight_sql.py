@@ -203,3 +203,14 @@ def test_authentication(secured_url):
         client.get_flight_info(flight.FlightDescriptor.for_command(_any("CommandGetCatalogs")))
     with pytest.raises(flight.FlightUnauthenticatedError):
         client.get_flight_info(flight.FlightDescriptor.for_command(_any("CommandGetSqlInfo")))
+
+
+def test_get_schema_pyarrow(flight_url):
+    client = flight.FlightClient(flight_url)
+    query = b"SELECT n_nationkey, n_name FROM tpch.tiny.nation"
+    cmd = _any("CommandStatementQuery", b"\x0a" + bytes([len(query)]) + query)
+    schema = client.get_schema(flight.FlightDescriptor.for_command(cmd)).schema
+    assert schema.names == ["n_nationkey", "n_name"]
+    assert schema.field("n_nationkey").type == pa.int64()
+    tables = client.get_schema(flight.FlightDescriptor.for_command(_any("CommandGetTables"))).schema
+    assert "table_name" in tables.names

@@ -11,6 +11,7 @@ mod auth;
 mod metadata;
 mod service;
 mod state;
+mod wrapper;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -110,7 +111,7 @@ pub async fn serve(
         .await
         .map_err(|e| BasinError::Invalid(format!("cannot listen on {addr} for Flight SQL: {e}")))?;
     let router = builder.add_service(
-        FlightServiceServer::new(service)
+        FlightServiceServer::new(wrapper::BasinFlightService(Arc::new(service)))
             .max_decoding_message_size(256 * 1024 * 1024)
             .max_encoding_message_size(256 * 1024 * 1024),
     );

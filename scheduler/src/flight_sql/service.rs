@@ -269,6 +269,49 @@ impl BasinFlightSqlService {
     }
 }
 
+impl BasinFlightSqlService {
+    /// The result schema of a Flight SQL command (for `GetSchema`).
+    pub(crate) async fn schema_of(
+        &self,
+        command: arrow_flight::sql::Command,
+        request: &Request<FlightDescriptor>,
+    ) -> Result<SchemaRef, Status> {
+        use arrow_flight::sql::Command as C;
+        match command {
+            C::CommandStatementQuery(q) => {
+                let (_, session) = self.session(request).await?;
+                let plan = self.plan(&session, &q.query).await?;
+                Ok(annotate_schema(plan.schema()))
+            }
+            C::CommandPreparedStatementQuery(p) => {
+                let key = self.caller(request)?;
+                let handle = bad_handle(&p.prepared_statement_handle)?;
+                self.registry
+                    .with_statement(&handle, &key, |s| annotate_schema(s.plan.schema()))
+                    .ok_or_else(|| Status::not_found("unknown prepared statement (closed?)"))
+            }
+            other => {
+                self.caller(request)?;
+                match other {
+                    C::CommandGetCatalogs(q) => Ok(q.into_builder().schema()),
+                    C::CommandGetDbSchemas(q) => Ok(q.into_builder().schema()),
+                    C::CommandGetTables(q) => Ok(q.into_builder().schema()),
+                    C::CommandGetTableTypes(q) => Ok(q.into_builder().schema()),
+                    C::CommandGetSqlInfo(q) => Ok(q.into_builder(&SQL_INFO).schema()),
+                    C::CommandGetXdbcTypeInfo(q) => Ok(q.into_builder(&XDBC_TYPES).schema()),
+                    C::CommandGetPrimaryKeys(_) => Ok(keys_schema(false)),
+                    C::CommandGetExportedKeys(_)
+                    | C::CommandGetImportedKeys(_)
+                    | C::CommandGetCrossReference(_) => Ok(keys_schema(true)),
+                    _ => Err(Status::invalid_argument(
+                        "GetSchema supports Flight SQL query and metadata commands",
+                    )),
+                }
+            }
+        }
+    }
+}
+
 /// Removes a one-shot statement (or forgets a prepared statement's run) when its result
 /// stream ends or is dropped.
 struct Cleanup {
