@@ -32,10 +32,23 @@ pub struct Connection {
 fn err(e: impl std::fmt::Display) -> String {
     let text = e.to_string();
     // Flight errors wrap the server's message in layers of context; keep the message.
-    match text.split_once("message: \"") {
-        Some((_, rest)) => rest.split('"').next().unwrap_or(&text).replace("\\n", " "),
-        None => text,
+    let Some((_, rest)) = text.split_once("message: \"") else {
+        return text;
+    };
+    let mut message = String::new();
+    let mut chars = rest.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some('n') => message.push(' '),
+                Some(other) => message.push(other),
+                None => break,
+            },
+            '"' => break,
+            c => message.push(c),
+        }
     }
+    message
 }
 
 impl Connection {
@@ -204,38 +217,82 @@ pub async fn run_script(
 
 /// Splits SQL text at `;` outside quotes and comments.
 pub fn split_statements(sql: &str) -> Vec<String> {
+    let (mut statements, rest) = scan_statements(sql);
+    if !is_blank(&rest) {
+        statements.push(rest.trim().to_string());
+    }
+    statements
+}
+
+/// Whether SQL text holds nothing but whitespace and comments.
+pub fn is_blank(sql: &str) -> bool {
+    let mut rest = sql.trim_start();
+    loop {
+        if let Some(r) = rest.strip_prefix("--") {
+            rest = r
+                .split_once('\n')
+                .map(|(_, r)| r)
+                .unwrap_or("")
+                .trim_start();
+        } else if let Some(r) = rest.strip_prefix("/*") {
+            rest = r
+                .split_once("*/")
+                .map(|(_, r)| r)
+                .unwrap_or("")
+                .trim_start();
+        } else {
+            return rest.is_empty();
+        }
+    }
+}
+
+/// Splits SQL text into the statements it completes (ended by `;` outside quotes and
+/// comments) and the unfinished rest.
+pub fn scan_statements(sql: &str) -> (Vec<String>, String) {
+    #[derive(PartialEq)]
+    enum State {
+        Code,
+        Single,
+        Double,
+        Line,
+        Block,
+    }
     let mut out = vec![];
     let mut current = String::new();
+    let mut state = State::Code;
     let mut chars = sql.chars().peekable();
-    let (mut single, mut double) = (false, false);
     while let Some(c) = chars.next() {
-        match c {
-            '\'' if !double => single = !single,
-            '"' if !single => double = !double,
-            '-' if !single && !double && chars.peek() == Some(&'-') => {
-                for c in chars.by_ref() {
-                    if c == '\n' {
-                        break;
+        match state {
+            State::Code => match c {
+                '\'' => state = State::Single,
+                '"' => state = State::Double,
+                '-' if chars.peek() == Some(&'-') => state = State::Line,
+                '/' if chars.peek() == Some(&'*') => state = State::Block,
+                ';' => {
+                    if !is_blank(&current) {
+                        out.push(current.trim().to_string());
                     }
+                    current.clear();
+                    continue;
                 }
-                current.push('\n');
-                continue;
-            }
-            ';' if !single && !double => {
-                if !current.trim().is_empty() {
-                    out.push(current.trim().to_string());
+                _ => {}
+            },
+            State::Single if c == '\'' => state = State::Code,
+            State::Double if c == '"' => state = State::Code,
+            State::Line if c == '\n' => state = State::Code,
+            State::Block if c == '*' && chars.peek() == Some(&'/') => {
+                current.push(c);
+                if let Some(slash) = chars.next() {
+                    current.push(slash);
                 }
-                current.clear();
+                state = State::Code;
                 continue;
             }
             _ => {}
         }
         current.push(c);
     }
-    if !current.trim().is_empty() {
-        out.push(current.trim().to_string());
-    }
-    out
+    (out, current)
 }
 
 /// The interactive loop.
@@ -283,12 +340,13 @@ pub async fn interactive(
         }
         buffer.push_str(&line);
         buffer.push('\n');
-        if !trimmed.ends_with(';') {
+        let (statements, rest) = scan_statements(&buffer);
+        if statements.is_empty() {
             continue;
         }
-        let text = std::mem::take(&mut buffer);
-        let _ = editor.add_history_entry(text.trim());
-        for statement in split_statements(&text) {
+        let _ = editor.add_history_entry(buffer.trim());
+        buffer = if is_blank(&rest) { String::new() } else { rest };
+        for statement in statements {
             execute_and_show(conn, &statement, format).await;
         }
     }
@@ -330,10 +388,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn block_comments_and_unfinished_statements() {
+        assert_eq!(
+            split_statements("/* don't; */ SELECT 1; SELECT 'a;b';"),
+            vec!["/* don't; */ SELECT 1", "SELECT 'a;b'"]
+        );
+        let (done, rest) = scan_statements("SELECT 'a;\n");
+        assert!(done.is_empty() && rest.contains("SELECT"));
+        let (done, rest) = scan_statements("SELECT 1; -- note\n");
+        assert_eq!(done, vec!["SELECT 1"]);
+        assert!(rest.trim().starts_with("--"));
+    }
+
+    #[test]
     fn splits_statements_outside_quotes_and_comments() {
         assert_eq!(
             split_statements("SELECT ';' AS a; -- x; y\nSELECT 2;\n"),
-            vec!["SELECT ';' AS a", "SELECT 2"]
+            vec!["SELECT ';' AS a", "-- x; y\nSELECT 2"]
         );
         assert!(split_statements("  ;  ").is_empty());
     }

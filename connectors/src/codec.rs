@@ -96,7 +96,9 @@ fn encode_mem_table(table: &MemTable, buf: &mut Vec<u8>) -> Result<()> {
 fn decode_mem_table(payload: &[u8], schema: SchemaRef) -> Result<MemTable> {
     let corrupt = || DataFusionError::Internal("corrupt memory table in plan".to_string());
     let (count, mut rest) = payload.split_first_chunk::<4>().ok_or_else(corrupt)?;
-    let mut partitions = Vec::with_capacity(u32::from_le_bytes(*count) as usize);
+    // The count comes from the wire: never allocate more than the payload could hold.
+    let mut partitions =
+        Vec::with_capacity((u32::from_le_bytes(*count) as usize).min(rest.len() / 8));
     for _ in 0..u32::from_le_bytes(*count) {
         let (len, tail) = rest.split_first_chunk::<8>().ok_or_else(corrupt)?;
         let len = usize::try_from(u64::from_le_bytes(*len)).map_err(|_| corrupt())?;

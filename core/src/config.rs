@@ -295,7 +295,7 @@ pub fn interpolate_env(value: &str) -> std::result::Result<String, String> {
         let after = &rest[start + 6..];
         let end = after
             .find('}')
-            .ok_or_else(|| format!("unterminated `${{env:` in `{value}`"))?;
+            .ok_or_else(|| "unterminated `${env:` (expected `${env:NAME}`)".to_string())?;
         let var = &after[..end];
         if var.is_empty() {
             return Err("empty variable name in `${env:}`".to_string());

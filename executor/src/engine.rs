@@ -23,20 +23,29 @@ pub struct TaskRecord {
     pub partition: usize,
 }
 
-/// A shared list of the tasks executors ran (used by tests of an in-process cluster).
+/// The most recent tasks executors ran (used by tests of an in-process cluster); keeps at
+/// most [`TaskLog::CAPACITY`] records.
 #[derive(Debug, Clone, Default)]
-pub struct TaskLog(Arc<Mutex<Vec<TaskRecord>>>);
+pub struct TaskLog(Arc<Mutex<std::collections::VecDeque<TaskRecord>>>);
 
 impl TaskLog {
+    pub const CAPACITY: usize = 10_000;
+
     fn push(&self, record: TaskRecord) {
         if let Ok(mut v) = self.0.lock() {
-            v.push(record);
+            if v.len() == Self::CAPACITY {
+                v.pop_front();
+            }
+            v.push_back(record);
         }
     }
 
-    /// The tasks recorded so far.
+    /// The tasks recorded so far (the most recent ones).
     pub fn records(&self) -> Vec<TaskRecord> {
-        self.0.lock().map(|v| v.clone()).unwrap_or_default()
+        self.0
+            .lock()
+            .map(|v| v.iter().cloned().collect())
+            .unwrap_or_default()
     }
 }
 

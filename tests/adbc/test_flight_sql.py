@@ -214,3 +214,11 @@ def test_get_schema_pyarrow(flight_url):
     assert schema.field("n_nationkey").type == pa.int64()
     tables = client.get_schema(flight.FlightDescriptor.for_command(_any("CommandGetTables"))).schema
     assert "table_name" in tables.names
+
+
+def test_executemany_runs_every_row(flight_url):
+    with connect(flight_url) as conn, conn.cursor() as cur:
+        cur.execute("CREATE TABLE many_t (id BIGINT, name VARCHAR)")
+        cur.executemany("INSERT INTO many_t VALUES ($1, $2)", [(1, "a"), (2, "b"), (3, "c")])
+        cur.execute("SELECT count(*), sum(id) FROM many_t")
+        assert cur.fetchone() == (3, 6)

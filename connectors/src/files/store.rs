@@ -27,8 +27,13 @@ impl BasinObjectStoreRegistry {
     }
 
     fn build_s3(&self, bucket: &str) -> Result<Arc<dyn ObjectStore>> {
-        let config = self.s3.clone().unwrap_or_default();
-        let mut builder = AmazonS3Builder::from_env().with_bucket_name(bucket);
+        // With [storage.s3] the configuration alone decides (no stray AWS_* variables);
+        // without it, the usual AWS environment variables apply.
+        let (config, builder) = match &self.s3 {
+            Some(c) => (c.clone(), AmazonS3Builder::new()),
+            None => (S3Config::default(), AmazonS3Builder::from_env()),
+        };
+        let mut builder = builder.with_bucket_name(bucket);
         builder = builder.with_region(config.region.as_deref().unwrap_or("us-east-1"));
         if let Some(endpoint) = &config.endpoint {
             let allow_http = config

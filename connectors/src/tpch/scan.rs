@@ -159,7 +159,11 @@ impl ExecutionPlan for TpchScanExec {
             None => total,
         };
         let rows = self.spec.limit.map_or(rows, |l| rows.min(l));
-        let num_rows = if self.spec.table.row_count_is_exact() && self.spec.limit.is_none() {
+        // Per partition the count is an average (the last part holds the remainder).
+        let num_rows = if self.spec.table.row_count_is_exact()
+            && self.spec.limit.is_none()
+            && partition.is_none()
+        {
             Precision::Exact(rows)
         } else {
             Precision::Inexact(rows)

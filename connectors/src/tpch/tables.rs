@@ -57,7 +57,7 @@ impl TpchTable {
 
     /// Estimated number of rows at scale factor `sf` (exact except for lineitem).
     pub fn row_count(self, sf: f64) -> u64 {
-        let scaled = |base: f64| ((base * sf) as u64).max(1);
+        let scaled = |base: f64| (base * sf) as u64;
         match self {
             TpchTable::Nation => 25,
             TpchTable::Region => 5,

@@ -97,11 +97,13 @@ impl Tokens {
         token
     }
 
-    /// The user a token was issued to, if it is known and younger than `ttl`.
+    /// The user a token was issued to, if it was used within `ttl`; using it renews it.
     pub fn user(&self, token: &str, ttl: Duration) -> Option<String> {
         let mut t = self.tokens.lock().ok()?;
         t.retain(|_, (_, at)| at.elapsed() < ttl);
-        t.get(token).map(|(u, _)| u.clone())
+        let (user, at) = t.get_mut(token)?;
+        *at = Instant::now();
+        Some(user.clone())
     }
 }
 

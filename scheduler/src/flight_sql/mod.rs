@@ -87,6 +87,12 @@ pub async fn serve(
             None
         }
     };
+    if users.is_some() && !addr.ip().is_loopback() {
+        tracing::warn!(
+            "Flight SQL authenticates its clients, but the scheduler's and executors' own gRPC \
+             and Flight ports do not: keep them on a private network"
+        );
+    }
     let registry = Arc::new(state::Registry::default());
     let idle = Duration::from_secs(options.session_idle_seconds.max(1));
     let factory = Arc::new(SessionFactory {

@@ -101,7 +101,9 @@ impl BasinFlightSqlService {
                  [flight_sql] users_file to allow remote clients",
                 addr.ip()
             ))),
-            None => Ok("conn:local".to_string()),
+            None => Err(Status::unauthenticated(
+                "cannot tell where the client connects from: anonymous access refused",
+            )),
         }
     }
 
@@ -140,6 +142,7 @@ impl BasinFlightSqlService {
         &self,
         session: &Session,
         plan: &LogicalPlan,
+        params: Option<ParamValues>,
     ) -> Result<Option<Vec<RecordBatch>>, Status> {
         if !matches!(
             plan,
@@ -150,7 +153,7 @@ impl BasinFlightSqlService {
         ) {
             return Ok(None);
         }
-        let stream = execute(session, plan.clone(), None).await?;
+        let stream = execute(session, plan.clone(), params).await?;
         let batches: Vec<RecordBatch> = stream.try_collect().await.map_err(to_status)?;
         Ok(Some(batches))
     }
@@ -179,7 +182,8 @@ impl BasinFlightSqlService {
         let (plan, params, prepared, done) = self
             .registry
             .with_statement(handle, key, |s| {
-                tracing::debug!(statement = %handle, sql = %s.sql, "running");
+                // The SQL text is not logged: it may hold credentials (OPTIONS of COPY …).
+                tracing::debug!(statement = %handle, chars = s.sql.len(), "running statement");
                 let done = if s.prepared {
                     s.result.clone()
                 } else {
@@ -247,7 +251,7 @@ impl BasinFlightSqlService {
         Response::new(Box::pin(stream))
     }
 
-    async fn handle_cancel(&self, info: &FlightInfo) -> bool {
+    async fn handle_cancel(&self, key: &str, info: &FlightInfo) -> bool {
         let mut cancelled = false;
         for endpoint in &info.endpoint {
             let Some(ticket) = &endpoint.ticket else {
@@ -263,7 +267,7 @@ impl BasinFlightSqlService {
             } else {
                 continue;
             };
-            cancelled |= self.registry.cancel(&handle);
+            cancelled |= self.registry.cancel(&handle, key);
         }
         cancelled
     }
@@ -534,7 +538,7 @@ impl FlightSqlService for BasinFlightSqlService {
         let (key, session) = self.session(&request).await?;
         let plan = self.plan(&session, &query.query).await?;
         let schema = annotate_schema(plan.schema());
-        let result = self.run_if_not_query(&session, &plan).await?;
+        let result = self.run_if_not_query(&session, &plan, None).await?;
         let mut statement = Statement::new(key, query.query, plan, false);
         statement.result = result;
         let handle = self.registry.put_statement(statement);
@@ -552,13 +556,17 @@ impl FlightSqlService for BasinFlightSqlService {
     ) -> Result<Response<FlightInfo>, Status> {
         let (key, session) = self.session(&request).await?;
         let handle = bad_handle(&cmd.prepared_statement_handle)?;
-        let (schema, plan) = self
+        let (schema, plan, params) = self
             .registry
             .with_statement(&handle, &key, |s| {
-                (annotate_schema(s.plan.schema()), s.plan.clone())
+                (
+                    annotate_schema(s.plan.schema()),
+                    s.plan.clone(),
+                    s.params.clone(),
+                )
             })
             .ok_or_else(|| Status::not_found("unknown prepared statement (closed?)"))?;
-        if let Some(result) = self.run_if_not_query(&session, &plan).await? {
+        if let Some(result) = self.run_if_not_query(&session, &plan, params).await? {
             self.registry
                 .with_statement(&handle, &key, |s| s.result = Some(result));
         }
@@ -914,7 +922,11 @@ impl FlightSqlService for BasinFlightSqlService {
     ) -> Result<DoPutPreparedStatementResult, Status> {
         let key = self.caller(&request)?;
         let handle = bad_handle(&query.prepared_statement_handle)?;
-        let params = read_parameters(request.into_inner()).await?;
+        // A query runs with one set of values: the first row.
+        let params = read_parameters(request.into_inner())
+            .await?
+            .into_iter()
+            .next();
         self.registry
             .with_statement(&handle, &key, |s| s.params = params)
             .ok_or_else(|| Status::not_found("unknown prepared statement (closed?)"))?;
@@ -930,12 +942,22 @@ impl FlightSqlService for BasinFlightSqlService {
     ) -> Result<i64, Status> {
         let (key, session) = self.session(&request).await?;
         let handle = bad_handle(&query.prepared_statement_handle)?;
-        let params = read_parameters(request.into_inner()).await?;
+        let rows = read_parameters(request.into_inner()).await?;
         let plan = self
             .registry
             .with_statement(&handle, &key, |s| s.plan.clone())
             .ok_or_else(|| Status::not_found("unknown prepared statement (closed?)"))?;
-        self.update_count(&session, plan, params).await
+        if rows.is_empty() {
+            return self.update_count(&session, plan, None).await;
+        }
+        // executemany: run once per parameter row.
+        let mut total = 0;
+        for params in rows {
+            total += self
+                .update_count(&session, plan.clone(), Some(params))
+                .await?;
+        }
+        Ok(total)
     }
 
     async fn do_action_create_prepared_statement(
@@ -973,10 +995,10 @@ impl FlightSqlService for BasinFlightSqlService {
         query: ActionCancelQueryRequest,
         request: Request<Action>,
     ) -> Result<ActionCancelQueryResult, Status> {
-        self.caller(&request)?;
+        let key = self.caller(&request)?;
         let info = FlightInfo::decode(query.info.as_ref())
             .map_err(|e| Status::invalid_argument(format!("malformed FlightInfo: {e}")))?;
-        let cancelled = self.handle_cancel(&info).await;
+        let cancelled = self.handle_cancel(&key, &info).await;
         Ok(ActionCancelQueryResult {
             result: if cancelled { 1 } else { 3 },
         })
@@ -987,11 +1009,11 @@ impl FlightSqlService for BasinFlightSqlService {
         request: Request<Action>,
     ) -> Result<Response<<Self as FlightService>::DoActionStream>, Status> {
         if request.get_ref().r#type == "CancelFlightInfo" {
-            self.caller(&request)?;
+            let key = self.caller(&request)?;
             let req = CancelFlightInfoRequest::decode(request.get_ref().body.as_ref())
                 .map_err(|e| Status::invalid_argument(format!("malformed request: {e}")))?;
             let cancelled = match &req.info {
-                Some(info) => self.handle_cancel(info).await,
+                Some(info) => self.handle_cancel(&key, info).await,
                 None => false,
             };
             let result = CancelFlightInfoResult {
@@ -1017,24 +1039,24 @@ impl FlightSqlService for BasinFlightSqlService {
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
 }
 
-/// The first row of the parameter batches a client sent with DoPut.
-async fn read_parameters(stream: PeekableFlightDataStream) -> Result<Option<ParamValues>, Status> {
+/// Every row of the parameter batches a client sent with DoPut, one `ParamValues` each.
+async fn read_parameters(stream: PeekableFlightDataStream) -> Result<Vec<ParamValues>, Status> {
     let mut batches =
         FlightRecordBatchStream::new_from_flight_data(stream.map_err(FlightError::from));
+    let mut rows = vec![];
     while let Some(batch) = batches.next().await {
         let batch = batch.map_err(|e| Status::invalid_argument(format!("bad parameters: {e}")))?;
-        if batch.num_rows() == 0 {
-            continue;
+        for row in 0..batch.num_rows() {
+            let values = batch
+                .columns()
+                .iter()
+                .map(|c: &ArrayRef| ScalarValue::try_from_array(c, row))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(to_status)?;
+            rows.push(ParamValues::List(
+                values.into_iter().map(Into::into).collect(),
+            ));
         }
-        let values = batch
-            .columns()
-            .iter()
-            .map(|c: &ArrayRef| ScalarValue::try_from_array(c, 0))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(to_status)?;
-        return Ok(Some(ParamValues::List(
-            values.into_iter().map(Into::into).collect(),
-        )));
     }
-    Ok(None)
+    Ok(rows)
 }

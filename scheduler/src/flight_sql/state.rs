@@ -98,12 +98,19 @@ impl Registry {
     }
 
     /// Drops sessions idle for longer than `idle` and unfetched statements older than it.
+    /// Prepared statements go with their session.
     pub fn expire(&self, idle: Duration) {
-        if let Ok(mut sessions) = self.sessions.lock() {
-            sessions.retain(|_, s| s.idle() < idle);
-        }
+        let live: std::collections::HashSet<String> = match self.sessions.lock() {
+            Ok(mut sessions) => {
+                sessions.retain(|_, s| s.idle() < idle);
+                sessions.keys().cloned().collect()
+            }
+            Err(_) => return,
+        };
         if let Ok(mut statements) = self.statements.lock() {
-            statements.retain(|_, s| s.prepared || s.created.elapsed() < idle);
+            statements.retain(|_, s| {
+                live.contains(&s.session) && (s.prepared || s.created.elapsed() < idle)
+            });
         }
     }
 
@@ -140,12 +147,16 @@ impl Registry {
         statements.remove(handle)
     }
 
-    /// Cancels the running fetch of a statement, whoever owns it; true if one was running.
-    pub fn cancel(&self, handle: &str) -> bool {
+    /// Cancels the running fetch of a statement of `session`; true if one was running.
+    pub fn cancel(&self, handle: &str, session: &str) -> bool {
         let Ok(mut statements) = self.statements.lock() else {
             return false;
         };
-        match statements.get_mut(handle).and_then(|s| s.abort.take()) {
+        match statements
+            .get_mut(handle)
+            .filter(|s| s.session == session)
+            .and_then(|s| s.abort.take())
+        {
             Some(abort) => {
                 abort.abort();
                 true
