@@ -175,6 +175,10 @@ pub async fn start(config: Arc<BasinConfig>, options: SchedulerOptions) -> Resul
         .with_override_session_builder(session_builder(runtime));
     scheduler_config.bind_host = options.bind_host.clone();
     scheduler_config.executor_timeout_seconds = options.executor_timeout_seconds;
+    // Ballista deletes a job's shuffle files this long after the job finishes, even while a
+    // client still streams the final stage (its default of 300 s cut off a 60-million-row
+    // result). Keep them for an hour.
+    scheduler_config.finished_job_data_clean_up_interval_seconds = 3600;
     scheduler_config.override_logical_codec = Some(logical_codec());
     scheduler_config.override_physical_codec = Some(physical_codec());
     let scheduler_config = Arc::new(scheduler_config);
