@@ -73,6 +73,9 @@ impl ProcessCluster {
                 "scheduler".into(),
                 "--port".into(),
                 scheduler_port.to_string(),
+                // Any free port: the tests do not use Flight SQL, and 50060 may be taken.
+                "--flight-sql-port".into(),
+                "0".into(),
                 "--data-dir".into(),
                 data.clone(),
             ],
