@@ -13,7 +13,7 @@ use arrow_flight::sql::metadata::GetTablesBuilder;
 use arrow_flight::sql::server::{FlightSqlService, PeekableFlightDataStream};
 use arrow_flight::sql::{
     ActionCancelQueryRequest, ActionCancelQueryResult, ActionClosePreparedStatementRequest,
-    ActionCreatePreparedStatementRequest, ActionCreatePreparedStatementResult, Any,
+    ActionCreatePreparedStatementRequest, ActionCreatePreparedStatementResult, Any, Command,
     CommandGetCatalogs, CommandGetCrossReference, CommandGetDbSchemas, CommandGetExportedKeys,
     CommandGetImportedKeys, CommandGetPrimaryKeys, CommandGetSqlInfo, CommandGetTableTypes,
     CommandGetTables, CommandGetXdbcTypeInfo, CommandPreparedStatementQuery,
@@ -240,6 +240,21 @@ impl BasinFlightSqlService {
         let stream = execute(session, plan, params).await?;
         let batches: Vec<RecordBatch> = stream.try_collect().await.map_err(to_status)?;
         Ok(affected_rows(&batches))
+    }
+
+    /// `GetFlightInfo` of a metadata command: its schema and a ticket that is the command.
+    async fn metadata_info(
+        &self,
+        command: Command,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let ticket = command.clone().into_any();
+        let schema = self.schema_of(command, &request).await?;
+        Ok(Response::new(Self::flight_info(
+            &schema,
+            ticket,
+            request.into_inner(),
+        )?))
     }
 
     fn batch_response(batch: RecordBatch) -> Response<DoGetStream> {
@@ -579,13 +594,8 @@ impl FlightSqlService for BasinFlightSqlService {
         query: CommandGetCatalogs,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.caller(&request)?;
-        let schema = query.into_builder().schema();
-        Ok(Response::new(Self::flight_info(
-            &schema,
-            query.as_any(),
-            request.into_inner(),
-        )?))
+        self.metadata_info(Command::CommandGetCatalogs(query), request)
+            .await
     }
 
     async fn get_flight_info_schemas(
@@ -593,13 +603,8 @@ impl FlightSqlService for BasinFlightSqlService {
         query: CommandGetDbSchemas,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.caller(&request)?;
-        let schema = query.clone().into_builder().schema();
-        Ok(Response::new(Self::flight_info(
-            &schema,
-            query.as_any(),
-            request.into_inner(),
-        )?))
+        self.metadata_info(Command::CommandGetDbSchemas(query), request)
+            .await
     }
 
     async fn get_flight_info_tables(
@@ -607,13 +612,8 @@ impl FlightSqlService for BasinFlightSqlService {
         query: CommandGetTables,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.caller(&request)?;
-        let schema = query.clone().into_builder().schema();
-        Ok(Response::new(Self::flight_info(
-            &schema,
-            query.as_any(),
-            request.into_inner(),
-        )?))
+        self.metadata_info(Command::CommandGetTables(query), request)
+            .await
     }
 
     async fn get_flight_info_table_types(
@@ -621,13 +621,8 @@ impl FlightSqlService for BasinFlightSqlService {
         query: CommandGetTableTypes,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.caller(&request)?;
-        let schema = query.into_builder().schema();
-        Ok(Response::new(Self::flight_info(
-            &schema,
-            query.as_any(),
-            request.into_inner(),
-        )?))
+        self.metadata_info(Command::CommandGetTableTypes(query), request)
+            .await
     }
 
     async fn get_flight_info_sql_info(
@@ -635,13 +630,8 @@ impl FlightSqlService for BasinFlightSqlService {
         query: CommandGetSqlInfo,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.caller(&request)?;
-        let schema = query.clone().into_builder(&SQL_INFO).schema();
-        Ok(Response::new(Self::flight_info(
-            &schema,
-            query.as_any(),
-            request.into_inner(),
-        )?))
+        self.metadata_info(Command::CommandGetSqlInfo(query), request)
+            .await
     }
 
     async fn get_flight_info_primary_keys(
@@ -649,12 +639,8 @@ impl FlightSqlService for BasinFlightSqlService {
         query: CommandGetPrimaryKeys,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.caller(&request)?;
-        Ok(Response::new(Self::flight_info(
-            &keys_schema(false),
-            query.as_any(),
-            request.into_inner(),
-        )?))
+        self.metadata_info(Command::CommandGetPrimaryKeys(query), request)
+            .await
     }
 
     async fn get_flight_info_exported_keys(
@@ -662,12 +648,8 @@ impl FlightSqlService for BasinFlightSqlService {
         query: CommandGetExportedKeys,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.caller(&request)?;
-        Ok(Response::new(Self::flight_info(
-            &keys_schema(true),
-            query.as_any(),
-            request.into_inner(),
-        )?))
+        self.metadata_info(Command::CommandGetExportedKeys(query), request)
+            .await
     }
 
     async fn get_flight_info_imported_keys(
@@ -675,12 +657,8 @@ impl FlightSqlService for BasinFlightSqlService {
         query: CommandGetImportedKeys,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.caller(&request)?;
-        Ok(Response::new(Self::flight_info(
-            &keys_schema(true),
-            query.as_any(),
-            request.into_inner(),
-        )?))
+        self.metadata_info(Command::CommandGetImportedKeys(query), request)
+            .await
     }
 
     async fn get_flight_info_cross_reference(
@@ -688,12 +666,8 @@ impl FlightSqlService for BasinFlightSqlService {
         query: CommandGetCrossReference,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.caller(&request)?;
-        Ok(Response::new(Self::flight_info(
-            &keys_schema(true),
-            query.as_any(),
-            request.into_inner(),
-        )?))
+        self.metadata_info(Command::CommandGetCrossReference(query), request)
+            .await
     }
 
     async fn get_flight_info_xdbc_type_info(
@@ -701,13 +675,8 @@ impl FlightSqlService for BasinFlightSqlService {
         query: CommandGetXdbcTypeInfo,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        self.caller(&request)?;
-        let schema = query.into_builder(&XDBC_TYPES).schema();
-        Ok(Response::new(Self::flight_info(
-            &schema,
-            query.as_any(),
-            request.into_inner(),
-        )?))
+        self.metadata_info(Command::CommandGetXdbcTypeInfo(query), request)
+            .await
     }
 
     async fn do_get_statement(
