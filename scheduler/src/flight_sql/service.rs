@@ -52,6 +52,7 @@ pub struct BasinFlightSqlService {
     users: Option<Arc<Users>>,
     tokens: Arc<Tokens>,
     token_ttl: Duration,
+    password_checks: tokio::sync::Semaphore,
 }
 
 impl BasinFlightSqlService {
@@ -67,6 +68,7 @@ impl BasinFlightSqlService {
             users,
             tokens: Arc::new(Tokens::default()),
             token_ttl,
+            password_checks: tokio::sync::Semaphore::new(2),
         }
     }
 
@@ -510,7 +512,13 @@ impl FlightSqlService for BasinFlightSqlService {
             .and_then(parse_basic);
         let user = match (&self.users, basic) {
             (Some(users), Some((user, password))) => {
-                // bcrypt is deliberately slow: keep it off the async workers.
+                // bcrypt is deliberately slow: keep it off the async workers, and let only a
+                // few checks run at once so a flood of logins cannot take every core.
+                let _permit = self
+                    .password_checks
+                    .acquire()
+                    .await
+                    .map_err(|_| Status::unavailable("the server is shutting down"))?;
                 let users = users.clone();
                 let u = user.clone();
                 let ok = tokio::task::spawn_blocking(move || users.verify(&u, &password))
