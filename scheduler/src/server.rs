@@ -73,6 +73,32 @@ impl ClusterView {
     }
 }
 
+impl ClusterView {
+    /// Cancels the running jobs named `name`; returns how many.
+    pub async fn cancel_jobs_named(&self, name: &str) -> usize {
+        // The cache of active jobs: listing all jobs fails as soon as one finished job's
+        // graph has been evicted.
+        let active = self.server.state.task_manager.get_running_job_cache();
+        let mut matching = vec![];
+        for (job_id, job) in active.iter() {
+            if job.execution_graph.read().await.job_name() == name {
+                matching.push(job_id.clone());
+            }
+        }
+        let mut cancelled = 0;
+        for job_id in matching {
+            match self.server.cancel_job(job_id.clone()).await {
+                Ok(()) => {
+                    tracing::info!(job = %job_id, "cancelled job");
+                    cancelled += 1;
+                }
+                Err(e) => tracing::warn!(job = %job_id, error = %e, "cannot cancel job"),
+            }
+        }
+        cancelled
+    }
+}
+
 /// An executor registered with the scheduler.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecutorInfo {

@@ -41,6 +41,11 @@ impl SessionFactory {
         self.cluster.task_slots().await.max(1)
     }
 
+    /// Cancels the running Ballista jobs named `name`.
+    pub async fn cancel_jobs_named(&self, name: &str) {
+        self.cluster.cancel_jobs_named(name).await;
+    }
+
     /// A new front-end session.
     pub fn connect(&self, task_slots: usize) -> datafusion::error::Result<SessionContext> {
         crate::frontend::connect(&self.config, &self.scheduler_url, task_slots)

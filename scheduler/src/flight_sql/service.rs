@@ -209,6 +209,8 @@ impl BasinFlightSqlService {
             Err(DataFusionError::Execution("the session has expired".into()))
         });
         let session = session.map_err(to_status)?;
+        // Name the Ballista job after the statement so a cancel can find and stop it.
+        name_next_jobs(&session, handle);
         let stream = execute(&session, plan, params).await?;
         let schema = stream.schema();
         let (abort, registration) = AbortHandle::new_pair();
@@ -284,7 +286,10 @@ impl BasinFlightSqlService {
             } else {
                 continue;
             };
-            cancelled |= self.registry.cancel(&handle, key);
+            if self.registry.cancel(&handle, key) {
+                cancelled = true;
+                self.sessions.cancel_jobs_named(&handle).await;
+            }
         }
         cancelled
     }
@@ -376,6 +381,19 @@ impl Stream for Cancellable {
             }
             other => other,
         }
+    }
+}
+
+/// Sets the Ballista job name of the session's next queries.
+fn name_next_jobs(session: &Session, name: &str) {
+    let state = session.ctx.state_ref();
+    let mut state = state.write();
+    if let Err(e) = state
+        .config_mut()
+        .options_mut()
+        .set(ballista_core::config::BALLISTA_JOB_NAME, name)
+    {
+        tracing::debug!(error = %e, "cannot name the Ballista job");
     }
 }
 
