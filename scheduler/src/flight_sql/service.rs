@@ -374,6 +374,7 @@ impl Stream for Cancellable {
         }
         match self.inner.poll_next_unpin(cx) {
             Poll::Ready(None) if self.inner.is_aborted() => {
+                tracing::debug!("result stream cancelled");
                 self.done = true;
                 Poll::Ready(Some(Err(DataFusionError::Execution(
                     "the query was cancelled".to_string(),
