@@ -1,7 +1,7 @@
 //! `basin`: run a standalone cluster, a scheduler or an executor.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -46,6 +46,13 @@ struct SqlArgs {
     /// User name (the password is prompted for, or read from BASIN_PASSWORD).
     #[arg(long, short = 'u', env = "BASIN_USER")]
     user: Option<String>,
+    #[command(flatten)]
+    script: ScriptArgs,
+}
+
+/// Statements to run instead of serving or opening the shell.
+#[derive(Args)]
+struct ScriptArgs {
     /// SQL to run (repeatable); prints each result and exits.
     #[arg(short = 'e', long = "execute")]
     execute: Vec<String>,
@@ -55,6 +62,27 @@ struct SqlArgs {
     /// Result format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
     format: OutputFormat,
+}
+
+impl ScriptArgs {
+    fn is_empty(&self) -> bool {
+        self.execute.is_empty() && self.file.is_none()
+    }
+
+    /// The scripts to run, each with where it came from (`-e` or the file name).
+    fn scripts(&self) -> Result<Vec<(String, String)>, String> {
+        let mut scripts: Vec<(String, String)> = self
+            .execute
+            .iter()
+            .map(|sql| ("-e".to_string(), sql.clone()))
+            .collect();
+        if let Some(file) = &self.file {
+            let sql = std::fs::read_to_string(file)
+                .map_err(|e| format!("cannot read SQL file {}: {e}", file.display()))?;
+            scripts.push((file.display().to_string(), sql));
+        }
+        Ok(scripts)
+    }
 }
 
 #[derive(Args)]
@@ -86,15 +114,8 @@ struct StandaloneArgs {
     /// Flight SQL port when serving (overrides [flight_sql] port, default 50060).
     #[arg(long, env = "BASIN_FLIGHT_SQL_PORT")]
     flight_sql_port: Option<u16>,
-    /// SQL to run (repeatable); prints each result and exits.
-    #[arg(short = 'e', long = "execute")]
-    execute: Vec<String>,
-    /// File of SQL statements to run; prints each result and exits.
-    #[arg(short = 'f', long = "file")]
-    file: Option<PathBuf>,
-    /// Result format.
-    #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
-    format: OutputFormat,
+    #[command(flatten)]
+    script: ScriptArgs,
     /// Open the SQL shell on this cluster instead of only serving clients.
     #[arg(long)]
     shell: bool,
@@ -141,8 +162,12 @@ struct ExecutorArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let quiet =
-        matches!(&cli.command, Command::Standalone(a) if !a.execute.is_empty() || a.file.is_some());
+    // Servers log at info; commands that print results or prompt log only errors.
+    let quiet = match &cli.command {
+        Command::Standalone(a) => !a.script.is_empty() || a.shell,
+        Command::Sql(_) | Command::HashPassword => true,
+        Command::Scheduler(_) | Command::Executor(_) => false,
+    };
     init_logging(if quiet { "error" } else { "info" });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -205,14 +230,7 @@ async fn standalone(args: StandaloneArgs) -> Result<(), String> {
         config.server.executor_task_slots = slots;
     }
     let config = Arc::new(config);
-    let mut scripts: Vec<(String, String)> = args
-        .execute
-        .iter()
-        .map(|sql| ("-e".to_string(), sql.clone()))
-        .collect();
-    if let Some(file) = &args.file {
-        scripts.push((file.display().to_string(), read_sql_file(file)?));
-    }
+    let scripts = args.script.scripts()?;
     let cluster = StandaloneCluster::start(
         config,
         StandaloneOptions {
@@ -237,7 +255,7 @@ async fn standalone(args: StandaloneArgs) -> Result<(), String> {
         if args.shell {
             let url = format!("grpc://{}", flight.addr);
             let mut conn = basin_cli::shell::Connection::connect(&url, None, None).await?;
-            return basin_cli::shell::interactive(&mut conn, args.format, &url).await;
+            return basin_cli::shell::interactive(&mut conn, args.script.format, &url).await;
         }
         eprintln!(
             "Basin standalone: Flight SQL on {} (jdbc:arrow-flight-sql://{}/?useEncryption=false), \
@@ -254,7 +272,7 @@ async fn standalone(args: StandaloneArgs) -> Result<(), String> {
     for (origin, sql) in scripts {
         run_sql(&ctx, &sql, &mut |result| {
             let mut out = std::io::stdout().lock();
-            write_result(&mut out, &result, args.format)?;
+            write_result(&mut out, &result, args.script.format)?;
             out.flush()
                 .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))
         })
@@ -268,11 +286,6 @@ async fn standalone(args: StandaloneArgs) -> Result<(), String> {
         })?;
     }
     Ok(())
-}
-
-fn read_sql_file(path: &Path) -> Result<String, String> {
-    std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read SQL file {}: {e}", path.display()))
 }
 
 async fn scheduler(args: SchedulerArgs) -> Result<(), String> {
@@ -338,15 +351,20 @@ async fn sql_shell(args: SqlArgs) -> Result<(), String> {
     };
     let mut conn =
         shell::Connection::connect(&args.url, args.user.as_deref(), password.as_deref()).await?;
-    let mut scripts: Vec<String> = args.execute.clone();
-    if let Some(file) = &args.file {
-        scripts.push(read_sql_file(file)?);
+    let format = args.script.format;
+    if args.script.is_empty() {
+        return shell::interactive(&mut conn, format, &args.url).await;
     }
-    if scripts.is_empty() {
-        return shell::interactive(&mut conn, args.format, &args.url).await;
-    }
-    for sql in scripts {
-        shell::run_script(&mut conn, &sql, args.format).await?;
+    for (origin, sql) in args.script.scripts()? {
+        shell::run_script(&mut conn, &sql, format)
+            .await
+            .map_err(|e| {
+                if origin == "-e" {
+                    e
+                } else {
+                    format!("{origin}: {e}")
+                }
+            })?;
     }
     Ok(())
 }

@@ -11,6 +11,7 @@
 
 pub mod config;
 pub mod error;
+pub mod net;
 pub mod secret;
 
 pub use config::{

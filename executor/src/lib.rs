@@ -17,6 +17,7 @@ use ballista_core::{ConfigProducer, RuntimeProducer};
 use ballista_executor::executor_process::{ExecutorProcessConfig, start_executor_process};
 use basin_connectors::catalogs::runtime_env;
 use basin_connectors::codec::{logical_codec, physical_codec};
+use basin_core::net::reserve_port;
 use basin_core::{BasinConfig, BasinError, Result};
 use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
@@ -82,16 +83,18 @@ pub fn effective_task_slots(configured: usize) -> usize {
 
 /// Runs an executor until it is stopped (Ctrl-C, SIGTERM or the scheduler).
 pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<()> {
-    let flight = basin_scheduler_free_port(
+    let flight = reserve_port(
         &options.bind_host,
         options.flight_port,
         "executor Flight service",
-    )?;
-    let grpc = basin_scheduler_free_port(
+    )?
+    .port();
+    let grpc = reserve_port(
         &options.bind_host,
         options.grpc_port,
         "executor gRPC service",
-    )?;
+    )?
+    .port();
     let work_dir = match &options.work_dir {
         Some(dir) => dir.clone(),
         None => config
@@ -203,13 +206,4 @@ fn basin_config_producer() -> ConfigProducer {
             .with_ballista_logical_extension_codec(logical_codec())
             .with_ballista_physical_extension_codec(physical_codec())
     })
-}
-
-fn basin_scheduler_free_port(host: &str, port: u16, what: &str) -> Result<u16> {
-    let listener = std::net::TcpListener::bind((host, port)).map_err(|e| {
-        BasinError::Invalid(format!(
-            "cannot listen on {host}:{port} for the {what}: {e} (choose another port)"
-        ))
-    })?;
-    Ok(listener.local_addr()?.port())
 }

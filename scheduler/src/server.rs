@@ -11,6 +11,7 @@ use ballista_scheduler::scheduler_process::{create_scheduler, start_grpc_service
 use ballista_scheduler::scheduler_server::SchedulerServer;
 use basin_connectors::catalogs::runtime_env;
 use basin_connectors::codec::{logical_codec, physical_codec};
+use basin_core::net::reserve_port;
 use basin_core::{BasinConfig, BasinError, Result};
 use datafusion_proto::protobuf::{LogicalPlanNode, PhysicalPlanNode};
 use tokio::task::JoinHandle;
@@ -175,17 +176,6 @@ impl Drop for SchedulerHandle {
     fn drop(&mut self) {
         self.task.abort();
     }
-}
-
-/// Binds `host:port` to check it is free (and to resolve port 0), then releases it.
-pub fn reserve_port(host: &str, port: u16, what: &str) -> Result<SocketAddr> {
-    let listener = std::net::TcpListener::bind((host, port)).map_err(|e| {
-        BasinError::Invalid(format!(
-            "cannot listen on {host}:{port} for the {what}: {e} (choose another port or stop \
-             the process using it)"
-        ))
-    })?;
-    Ok(listener.local_addr()?)
 }
 
 /// Starts the scheduler and returns once it accepts connections.

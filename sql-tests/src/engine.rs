@@ -108,21 +108,8 @@ fn column_types(schema: &Arc<Schema>) -> Vec<BasinColumnType> {
         .fields()
         .iter()
         .map(|f| match f.data_type() {
-            DataType::Int8
-            | DataType::Int16
-            | DataType::Int32
-            | DataType::Int64
-            | DataType::UInt8
-            | DataType::UInt16
-            | DataType::UInt32
-            | DataType::UInt64 => BasinColumnType::Integer,
-            DataType::Float16
-            | DataType::Float32
-            | DataType::Float64
-            | DataType::Decimal32(_, _)
-            | DataType::Decimal64(_, _)
-            | DataType::Decimal128(_, _)
-            | DataType::Decimal256(_, _) => BasinColumnType::Float,
+            dt if dt.is_integer() => BasinColumnType::Integer,
+            dt if is_fractional(dt) => BasinColumnType::Float,
             DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => BasinColumnType::Text,
             DataType::Boolean => BasinColumnType::Boolean,
             DataType::Date32
@@ -162,13 +149,7 @@ fn format_cell(col: &ArrayRef, row: usize, displayed: &str) -> String {
         return "NULL".to_string();
     }
     match col.data_type() {
-        DataType::Float16
-        | DataType::Float32
-        | DataType::Float64
-        | DataType::Decimal32(_, _)
-        | DataType::Decimal64(_, _)
-        | DataType::Decimal128(_, _)
-        | DataType::Decimal256(_, _) => normalize_number(displayed),
+        dt if is_fractional(dt) => normalize_number(displayed),
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
             let s = match col.data_type() {
                 DataType::Utf8View => col.as_string_view().value(row).to_string(),
@@ -183,6 +164,11 @@ fn format_cell(col: &ArrayRef, row: usize, displayed: &str) -> String {
         }
         _ => displayed.to_string(),
     }
+}
+
+/// Floats and decimals: printed rounded and compared with tolerance.
+fn is_fractional(dt: &DataType) -> bool {
+    dt.is_floating() || dt.is_decimal()
 }
 
 /// Rounds a decimal rendering to 12 places and drops trailing zeros (`100.00` → `100`).

@@ -75,7 +75,7 @@ pub async fn serve(
 ) -> Result<FlightSqlHandle> {
     let options = config.flight_sql.clone();
     let host = config.server.bind_host.clone();
-    let addr = crate::server::reserve_port(&host, port, "Flight SQL endpoint")?;
+    let addr = basin_core::net::reserve_port(&host, port, "Flight SQL endpoint")?;
     let users = match &options.users_file {
         Some(path) => Some(Arc::new(auth::Users::load(path)?)),
         None => {
