@@ -4,7 +4,6 @@ use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::prelude::SessionContext;
-use datafusion::sql::parser::DFParser;
 
 /// The result of one statement.
 #[derive(Debug)]
@@ -26,7 +25,7 @@ pub async fn run_sql(
     {
         return Ok(());
     }
-    let statements = DFParser::parse_sql(sql)?;
+    let statements = basin_scheduler::sql::parse(sql)?;
     if statements.is_empty() {
         return Err(DataFusionError::Plan("no SQL statement given".to_string()));
     }
@@ -36,7 +35,7 @@ pub async fn run_sql(
             done?;
             continue;
         }
-        let plan = ctx.state().statement_to_plan(statement).await?;
+        let plan = basin_scheduler::sql::plan(ctx, statement).await?;
         let df = ctx.execute_logical_plan(plan).await?;
         let schema = df.schema().inner().clone();
         let batches = df.collect().await?;

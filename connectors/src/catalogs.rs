@@ -1,14 +1,16 @@
 //! Turns `basin.toml` into what a DataFusion session needs: catalogs, table functions and a
 //! runtime whose object store registry knows `[storage]`.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
-use basin_core::{BasinConfig, CatalogConfig};
+use basin_core::{BasinConfig, CatalogConfig, IcebergCatalogConfig};
 use datafusion::error::Result;
 use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::prelude::SessionContext;
 
 use crate::files::{BasinObjectStoreRegistry, FileKind, ReadFilesFunction};
+use crate::iceberg::{IcebergCatalog, IcebergCatalogProvider};
 use crate::tpch::{DEFAULT_ROWS_PER_PARTITION, TpchCatalogProvider, TpchOptions};
 
 /// A runtime environment whose object stores come from the configuration.
@@ -21,7 +23,11 @@ pub fn runtime_env(config: &BasinConfig) -> Result<Arc<RuntimeEnv>> {
 
 /// Registers every configured catalog in `ctx`. `task_slots` is the cluster's parallelism,
 /// used to split generated and remote tables.
-pub fn register_catalogs(ctx: &SessionContext, config: &BasinConfig, task_slots: usize) {
+pub fn register_catalogs(
+    ctx: &SessionContext,
+    config: &BasinConfig,
+    task_slots: usize,
+) -> Result<()> {
     for (name, catalog) in &config.catalogs {
         match catalog {
             CatalogConfig::Tpch(options) => {
@@ -33,9 +39,14 @@ pub fn register_catalogs(ctx: &SessionContext, config: &BasinConfig, task_slots:
                 };
                 ctx.register_catalog(name, Arc::new(TpchCatalogProvider::new(options)));
             }
+            CatalogConfig::Iceberg(options) => {
+                let catalog = shared_iceberg_catalog(name, options, config)?;
+                ctx.register_catalog(name, Arc::new(IcebergCatalogProvider::new(catalog)));
+            }
         }
         tracing::debug!(catalog = %name, connector = catalog.connector(), "registered catalog");
     }
+    Ok(())
 }
 
 /// Registers Basin's table functions (`read_parquet`, `read_csv`, `read_json`).
@@ -46,4 +57,28 @@ pub fn register_functions(ctx: &SessionContext) {
             Arc::new(ReadFilesFunction::new(kind, ctx.runtime_env())),
         );
     }
+}
+
+/// Iceberg catalogs are connected once per process and shared by every session (each holds
+/// a connection pool and a small runtime).
+fn shared_iceberg_catalog(
+    name: &str,
+    options: &IcebergCatalogConfig,
+    config: &BasinConfig,
+) -> Result<Arc<IcebergCatalog>> {
+    static CATALOGS: OnceLock<Mutex<HashMap<String, Arc<IcebergCatalog>>>> = OnceLock::new();
+    let key = format!(
+        "{name}\u{0}{options:?}\u{0}{}\u{0}{:?}",
+        config.server.data_dir.display(),
+        config.storage.s3
+    );
+    let mut catalogs = CATALOGS.get_or_init(Default::default).lock().map_err(|_| {
+        datafusion::error::DataFusionError::Internal("catalog cache poisoned".into())
+    })?;
+    if let Some(c) = catalogs.get(&key) {
+        return Ok(c.clone());
+    }
+    let catalog = Arc::new(IcebergCatalog::connect(name, options, config)?);
+    catalogs.insert(key, catalog.clone());
+    Ok(catalog)
 }

@@ -23,6 +23,10 @@ use datafusion_proto::logical_plan::LogicalExtensionCodec;
 use datafusion_proto::physical_plan::PhysicalExtensionCodec;
 use serde::{Deserialize, Serialize};
 
+use crate::iceberg::{
+    IcebergScanExec, IcebergTableProvider, IcebergTableSpec, IcebergWriteExec, IcebergWriteNode,
+    ScanSpec, WriteSpec,
+};
 use crate::tpch::{TpchOptions, TpchScanExec, TpchScanSpec, TpchTable, TpchTableProvider};
 
 const MAGIC: &[u8] = b"BASIN";
@@ -34,6 +38,10 @@ enum Kind {
     TpchTable = 1,
     TpchScan = 2,
     MemTable = 3,
+    IcebergTable = 4,
+    IcebergWrite = 5,
+    IcebergScan = 6,
+    IcebergWriteExec = 7,
 }
 
 fn encode_json<T: Serialize>(kind: Kind, value: &T, buf: &mut Vec<u8>) -> Result<()> {
@@ -126,10 +134,27 @@ impl LogicalExtensionCodec for BasinLogicalCodec {
         inputs: &[LogicalPlan],
         ctx: &TaskContext,
     ) -> Result<Extension> {
-        self.inner.try_decode(buf, inputs, ctx)
+        match basin_payload(buf) {
+            Some((k, payload)) if k == Kind::IcebergWrite as u8 => {
+                let spec: WriteSpec = decode_json(payload)?;
+                let input = inputs.first().cloned().ok_or_else(|| {
+                    DataFusionError::Internal("IcebergWrite arrived without its input".into())
+                })?;
+                Ok(Extension {
+                    node: Arc::new(IcebergWriteNode::new(spec, input)?),
+                })
+            }
+            Some((k, _)) => Err(DataFusionError::Internal(format!(
+                "unknown Basin logical node kind {k}"
+            ))),
+            None => self.inner.try_decode(buf, inputs, ctx),
+        }
     }
 
     fn try_encode(&self, node: &Extension, buf: &mut Vec<u8>) -> Result<()> {
+        if let Some(write) = node.node.as_any().downcast_ref::<IcebergWriteNode>() {
+            return encode_json(Kind::IcebergWrite, &write.spec, buf);
+        }
         self.inner.try_encode(node, buf)
     }
 
@@ -154,6 +179,10 @@ impl LogicalExtensionCodec for BasinLogicalCodec {
             }
             Some((k, payload)) if k == Kind::MemTable as u8 => {
                 Ok(Arc::new(decode_mem_table(payload, schema)?))
+            }
+            Some((k, payload)) if k == Kind::IcebergTable as u8 => {
+                let spec: IcebergTableSpec = decode_json(payload)?;
+                Ok(Arc::new(IcebergTableProvider::from_spec(spec)?))
             }
             Some((k, _)) => Err(DataFusionError::Internal(format!(
                 "unknown Basin table provider kind {k} for {table_ref}"
@@ -185,6 +214,9 @@ impl LogicalExtensionCodec for BasinLogicalCodec {
         }
         if let Some(t) = node.as_any().downcast_ref::<MemTable>() {
             return encode_mem_table(t, buf);
+        }
+        if let Some(t) = node.as_any().downcast_ref::<IcebergTableProvider>() {
+            return encode_json(Kind::IcebergTable, t.spec(), buf);
         }
         self.inner.try_encode_table_provider(table_ref, node, buf)
     }
@@ -224,6 +256,17 @@ impl PhysicalExtensionCodec for BasinPhysicalCodec {
                 let spec: TpchScanSpec = decode_json(payload)?;
                 Ok(Arc::new(TpchScanExec::try_new(spec)?))
             }
+            Some((k, payload)) if k == Kind::IcebergScan as u8 => {
+                let spec: ScanSpec = decode_json(payload)?;
+                Ok(Arc::new(IcebergScanExec::try_new(spec)?))
+            }
+            Some((k, payload)) if k == Kind::IcebergWriteExec as u8 => {
+                let spec: WriteSpec = decode_json(payload)?;
+                let input = inputs.first().cloned().ok_or_else(|| {
+                    DataFusionError::Internal("IcebergWriteExec arrived without its input".into())
+                })?;
+                Ok(Arc::new(IcebergWriteExec::new(spec, input)))
+            }
             Some((k, _)) => Err(DataFusionError::Internal(format!(
                 "unknown Basin execution plan kind {k}"
             ))),
@@ -234,6 +277,12 @@ impl PhysicalExtensionCodec for BasinPhysicalCodec {
     fn try_encode(&self, node: Arc<dyn ExecutionPlan>, buf: &mut Vec<u8>) -> Result<()> {
         if let Some(scan) = node.as_any().downcast_ref::<TpchScanExec>() {
             return encode_json(Kind::TpchScan, scan.spec(), buf);
+        }
+        if let Some(scan) = node.as_any().downcast_ref::<IcebergScanExec>() {
+            return encode_json(Kind::IcebergScan, scan.spec(), buf);
+        }
+        if let Some(write) = node.as_any().downcast_ref::<IcebergWriteExec>() {
+            return encode_json(Kind::IcebergWriteExec, write.spec(), buf);
         }
         self.inner.try_encode(node, buf)
     }

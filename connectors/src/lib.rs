@@ -4,10 +4,12 @@
 //!   basin.toml catalogs ──► catalogs::register ──► SessionContext (front end)
 //!   tpch   : generated TPC-H data             (TpchScanExec on executors)
 //!   files  : local and S3 files, read_*()     (DataFusion listing tables)
+//!   iceberg: Iceberg REST/SQL catalogs        (IcebergScanExec, IcebergWriteExec)
 //!   codec  : BasinLogicalCodec / BasinPhysicalCodec (client → scheduler → executors)
 //! ```
 
 pub mod catalogs;
 pub mod codec;
 pub mod files;
+pub mod iceberg;
 pub mod tpch;

@@ -152,6 +152,8 @@ pub struct S3Config {
 pub enum CatalogConfig {
     /// The built-in TPC-H data generator.
     Tpch(TpchCatalogConfig),
+    /// An Apache Iceberg catalog (REST or SQL).
+    Iceberg(Box<IcebergCatalogConfig>),
 }
 
 impl CatalogConfig {
@@ -159,6 +161,7 @@ impl CatalogConfig {
     pub fn connector(&self) -> &'static str {
         match self {
             CatalogConfig::Tpch(_) => "tpch",
+            CatalogConfig::Iceberg(_) => "iceberg",
         }
     }
 }
@@ -169,6 +172,78 @@ impl CatalogConfig {
 pub struct TpchCatalogConfig {
     /// Rows per generated partition (default 100 000); smaller means more parallelism.
     pub rows_per_partition: Option<usize>,
+}
+
+/// How an Iceberg catalog is reached.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum IcebergCatalogKind {
+    /// An Iceberg REST catalog (Polaris, Nessie, Lakekeeper, SeaweedFS, AWS Glue REST...).
+    Rest,
+    /// iceberg-rust's SQL catalog on SQLite or PostgreSQL.
+    #[default]
+    Sql,
+}
+
+/// Options of a `connector = "iceberg"` catalog.
+///
+/// ```toml
+/// [catalogs.lake]
+/// connector = "iceberg"
+/// kind = "rest"
+/// uri = "http://127.0.0.1:8181"
+/// warehouse = "lake"
+/// credential = "${env:ICEBERG_CREDENTIAL}"   # OAuth2 client credentials, id:secret
+/// ```
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IcebergCatalogConfig {
+    /// `rest` or `sql` (default `sql`).
+    #[serde(default)]
+    pub kind: IcebergCatalogKind,
+    /// REST: the catalog's base URL. SQL: a database URL, `sqlite://PATH` or
+    /// `postgres://...`. Default for SQL: `sqlite://<data_dir>/<catalog>/catalog.db`.
+    #[serde(default, deserialize_with = "env_string_opt")]
+    pub uri: Option<String>,
+    /// REST: the warehouse name or location sent to the catalog. SQL: where new tables go,
+    /// `file:///dir` or `s3://bucket/prefix`. Default for SQL: `<data_dir>/<catalog>/warehouse`.
+    #[serde(default, deserialize_with = "env_string_opt")]
+    pub warehouse: Option<String>,
+    /// REST: OAuth2 client credentials, `client_id:client_secret`.
+    #[serde(default)]
+    pub credential: Option<Secret>,
+    /// REST: a bearer token (instead of `credential`).
+    #[serde(default)]
+    pub token: Option<Secret>,
+    /// REST: the OAuth2 token endpoint (default: the catalog's `v1/oauth/tokens`).
+    #[serde(default, deserialize_with = "env_string_opt")]
+    pub oauth2_server_uri: Option<String>,
+    /// REST: the OAuth2 scope (default `catalog`).
+    #[serde(default, deserialize_with = "env_string_opt")]
+    pub scope: Option<String>,
+    /// REST: ask the catalog for table-scoped storage credentials
+    /// (`X-Iceberg-Access-Delegation: vended-credentials`).
+    #[serde(default)]
+    pub vended_credentials: bool,
+    /// REST: extra HTTP headers sent with every catalog request.
+    #[serde(default)]
+    pub headers: BTreeMap<String, Secret>,
+    /// Extra catalog and FileIO properties, with Iceberg's names (`s3.endpoint`, ...). They
+    /// override what Basin derives from `[storage.s3]`.
+    #[serde(default)]
+    pub properties: BTreeMap<String, Secret>,
+    /// Bytes of data files per scan partition (default 128 MiB). Smaller means more
+    /// parallelism for small tables.
+    pub split_size_bytes: Option<u64>,
+    /// Target size of the data files Basin writes (default 512 MiB, Iceberg's default).
+    pub target_file_size_bytes: Option<u64>,
+}
+
+impl IcebergCatalogConfig {
+    /// The embedded catalog: SQLite catalog and local warehouse under the data directory.
+    pub fn embedded() -> Self {
+        Self::default()
+    }
 }
 
 impl BasinConfig {
@@ -220,17 +295,31 @@ impl BasinConfig {
         if self.flight_sql.tls_cert.is_some() != self.flight_sql.tls_key.is_some() {
             return Err("[flight_sql] tls_cert and tls_key must be given together".to_string());
         }
+        for (name, catalog) in &self.catalogs {
+            if let CatalogConfig::Iceberg(c) = catalog
+                && c.kind == IcebergCatalogKind::Rest
+                && c.uri.is_none()
+            {
+                return Err(format!(
+                    "catalog `{name}`: kind = \"rest\" needs `uri`, the catalog's base URL"
+                ));
+            }
+        }
         if self.server.bind_host.trim().is_empty() {
             return Err("[server] bind_host must not be empty".to_string());
         }
         Ok(())
     }
 
-    /// Adds the built-in catalogs (`tpch`) unless the file defines a catalog of that name.
+    /// Adds the built-in catalogs (`tpch`, and the embedded Iceberg catalog `lake`) unless
+    /// the file defines a catalog of that name.
     fn add_builtin_catalogs(&mut self) {
         self.catalogs
             .entry("tpch".to_string())
             .or_insert_with(|| CatalogConfig::Tpch(TpchCatalogConfig::default()));
+        self.catalogs
+            .entry("lake".to_string())
+            .or_insert_with(|| CatalogConfig::Iceberg(Box::new(IcebergCatalogConfig::embedded())));
     }
 }
 

@@ -15,7 +15,8 @@ pub mod net;
 pub mod secret;
 
 pub use config::{
-    BasinConfig, CatalogConfig, FlightSqlConfig, S3Config, ServerConfig, StorageConfig,
+    BasinConfig, CatalogConfig, FlightSqlConfig, IcebergCatalogConfig, IcebergCatalogKind,
+    S3Config, ServerConfig, StorageConfig,
 };
 pub use error::{BasinError, Result};
 pub use secret::Secret;

@@ -8,13 +8,19 @@ use async_trait::async_trait;
 use ballista_core::extension::{SessionConfigExt, SessionStateExt};
 use ballista_core::planner::BallistaQueryPlanner;
 use basin_connectors::catalogs::{register_catalogs, register_functions, runtime_env};
+use basin_connectors::iceberg::{
+    IcebergCommitExec, IcebergCreateTable, IcebergCreateTableExec, IcebergTableProvider,
+    IcebergWriteNode, WriteSpec,
+};
 use basin_core::BasinConfig;
 use datafusion::datasource::{MemTable, source_as_provider};
+use datafusion::error::DataFusionError;
 use datafusion::error::Result;
 use datafusion::execution::SessionState;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::context::QueryPlanner;
-use datafusion::logical_expr::{DmlStatement, LogicalPlan};
+use datafusion::logical_expr::dml::InsertOp;
+use datafusion::logical_expr::{DmlStatement, Extension, LogicalPlan, WriteOp};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 use datafusion::prelude::SessionContext;
@@ -47,7 +53,7 @@ pub fn connect(
         .with_query_planner(Arc::new(planner))
         .build();
     let ctx = SessionContext::new_with_state(state);
-    register_catalogs(&ctx, config, partitions);
+    register_catalogs(&ctx, config, partitions)?;
     register_functions(&ctx);
     Ok(ctx)
 }
@@ -142,6 +148,66 @@ impl BasinQueryPlanner {
     }
 }
 
+impl BasinQueryPlanner {
+    /// Iceberg DDL runs here; an Iceberg INSERT is a distributed write job whose files are
+    /// committed here, in one snapshot.
+    async fn plan_iceberg(
+        &self,
+        plan: &LogicalPlan,
+        state: &SessionState,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        match plan {
+            LogicalPlan::Extension(ext) => {
+                if let Some(node) = ext.node.as_any().downcast_ref::<IcebergCreateTable>() {
+                    return Ok(Some(Arc::new(IcebergCreateTableExec::new(
+                        node.clone(),
+                        state.clone(),
+                    ))));
+                }
+                Ok(None)
+            }
+            LogicalPlan::Dml(DmlStatement {
+                target, op, input, ..
+            }) => {
+                let Ok(provider) = source_as_provider(target) else {
+                    return Ok(None);
+                };
+                let Some(table) = provider.as_any().downcast_ref::<IcebergTableProvider>() else {
+                    return Ok(None);
+                };
+                let name = table.spec().qualified_name();
+                if *op != WriteOp::Insert(InsertOp::Append) {
+                    return Err(DataFusionError::NotImplemented(format!(
+                        "{op} on Iceberg table `{name}` is not supported yet; Basin supports \
+                         INSERT INTO and CREATE TABLE ... AS SELECT"
+                    )));
+                }
+                if table.spec().time_travel {
+                    return Err(DataFusionError::Plan(format!(
+                        "cannot write to an old version of `{name}`"
+                    )));
+                }
+                let catalog = table.catalog().cloned().ok_or_else(|| {
+                    DataFusionError::Internal(format!("`{name}` was loaded without its catalog"))
+                })?;
+                let spec = WriteSpec::new(table.spec());
+                let node = IcebergWriteNode::new(spec.clone(), input.as_ref().clone())?;
+                let write = LogicalPlan::Extension(Extension {
+                    node: Arc::new(node),
+                });
+                let job = self.distributed.create_physical_plan(&write, state).await?;
+                Ok(Some(Arc::new(IcebergCommitExec::new(
+                    catalog,
+                    table.spec().ident()?,
+                    spec,
+                    job,
+                ))))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
 fn writes_memory_table(plan: &LogicalPlan) -> bool {
     match plan {
         LogicalPlan::Dml(DmlStatement { target, .. }) => source_as_provider(target)
@@ -158,7 +224,12 @@ impl QueryPlanner for BasinQueryPlanner {
         logical_plan: &LogicalPlan,
         session_state: &SessionState,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        if writes_memory_table(logical_plan) {
+        if let Some(plan) = self.plan_iceberg(logical_plan, session_state).await? {
+            return Ok(plan);
+        }
+        if writes_memory_table(logical_plan)
+            || matches!(logical_plan, LogicalPlan::DescribeTable(_))
+        {
             self.local
                 .create_physical_plan(logical_plan, session_state)
                 .await

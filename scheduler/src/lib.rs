@@ -13,6 +13,7 @@ pub mod flight_sql;
 pub mod frontend;
 pub mod server;
 pub mod session;
+pub mod sql;
 
 pub use frontend::connect;
 pub use server::{ClusterView, SchedulerHandle, SchedulerOptions, start};

@@ -10,8 +10,13 @@ use ballista_core::extension::{
 };
 use ballista_scheduler::scheduler_server::SessionBuilder;
 use basin_connectors::codec::{logical_codec, physical_codec};
-use datafusion::execution::SessionStateBuilder;
+use basin_connectors::iceberg::IcebergWritePlanner;
+use datafusion::execution::context::QueryPlanner;
 use datafusion::execution::runtime_env::RuntimeEnv;
+use datafusion::execution::{SessionState, SessionStateBuilder};
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 use datafusion::prelude::SessionConfig;
 
 /// The session configuration every Basin process starts from.
@@ -38,6 +43,24 @@ pub fn session_builder(runtime: Arc<RuntimeEnv>) -> SessionBuilder {
             .with_scalar_functions(ballista_scalar_functions())
             .with_aggregate_functions(ballista_aggregate_functions())
             .with_window_functions(ballista_window_functions())
+            .with_query_planner(Arc::new(SchedulerQueryPlanner))
             .build())
     })
+}
+
+/// The scheduler's physical planner: DataFusion's, plus Basin's distributed Iceberg writer.
+#[derive(Debug, Default)]
+struct SchedulerQueryPlanner;
+
+#[async_trait::async_trait]
+impl QueryPlanner for SchedulerQueryPlanner {
+    async fn create_physical_plan(
+        &self,
+        logical_plan: &LogicalPlan,
+        session_state: &SessionState,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(IcebergWritePlanner)])
+            .create_physical_plan(logical_plan, session_state)
+            .await
+    }
 }

@@ -130,10 +130,7 @@ impl BasinFlightSqlService {
                 },
             ));
         }
-        session
-            .ctx
-            .state()
-            .create_logical_plan(sql)
+        crate::sql::plan_one(&session.ctx, sql)
             .await
             .map_err(to_status)
     }
@@ -146,13 +143,7 @@ impl BasinFlightSqlService {
         plan: &LogicalPlan,
         params: Option<ParamValues>,
     ) -> Result<Option<Vec<RecordBatch>>, Status> {
-        if !matches!(
-            plan,
-            LogicalPlan::Ddl(_)
-                | LogicalPlan::Dml(_)
-                | LogicalPlan::Copy(_)
-                | LogicalPlan::Statement(_)
-        ) {
+        if !crate::sql::is_command(plan) {
             return Ok(None);
         }
         let stream = execute(session, plan.clone(), params).await?;

@@ -1,0 +1,300 @@
+//! `IcebergScanExec`: reads the file scan tasks the scheduler planned, one group of files
+//! per partition, on whichever executor runs the partition.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use datafusion::arrow::array::RecordBatchOptions;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::Statistics;
+use datafusion::common::stats::Precision;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
+};
+use futures::{StreamExt, TryStreamExt};
+use iceberg::arrow::{ArrowReaderBuilder, schema_to_arrow_schema};
+use iceberg::io::FileIOBuilder;
+use iceberg::scan::FileScanTask;
+use iceberg::spec::NameMapping;
+use serde::{Deserialize, Serialize};
+
+use super::catalog::error_text;
+use super::storage::BasinStorageFactory;
+
+/// What the planner found, shown by `EXPLAIN`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ScanPlanStats {
+    /// Data files in the snapshot.
+    pub files_total: u64,
+    /// Data files left after partition and statistics pruning.
+    pub files_planned: u64,
+    pub bytes_planned: u64,
+    /// Delete files applied to the planned files.
+    pub delete_files: u64,
+    /// The Iceberg predicate used for pruning.
+    pub predicate: Option<String>,
+}
+
+/// Everything executors need: small enough to travel in the plan.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ScanSpec {
+    /// `catalog.namespace.table`, for messages and EXPLAIN.
+    pub table: String,
+    pub snapshot_id: Option<i64>,
+    /// Columns read from the files.
+    pub columns: Vec<String>,
+    /// The query needs no column (count(*)): rows are counted, columns dropped.
+    pub read_no_columns: bool,
+    /// The Iceberg schema of the version read (JSON).
+    pub schema_json: String,
+    /// Output columns (names, in order).
+    pub output_fields: Vec<String>,
+    /// File scan tasks per output partition.
+    pub groups: Vec<Vec<FileScanTask>>,
+    /// FileIO properties (may hold credentials; never displayed).
+    pub file_io: HashMap<String, String>,
+    /// `schema.name-mapping.default`, for files written without field ids.
+    pub name_mapping: Option<String>,
+    pub limit: Option<usize>,
+    pub stats: ScanPlanStats,
+}
+
+/// Reads planned Iceberg file scan tasks.
+#[derive(Debug)]
+pub struct IcebergScanExec {
+    spec: ScanSpec,
+    schema: SchemaRef,
+    properties: Arc<PlanProperties>,
+    metrics: ExecutionPlanMetricsSet,
+}
+
+impl IcebergScanExec {
+    pub fn try_new(spec: ScanSpec) -> Result<Self> {
+        let iceberg_schema: iceberg::spec::Schema = serde_json::from_str(&spec.schema_json)
+            .map_err(|e| DataFusionError::Internal(format!("bad Iceberg schema in plan: {e}")))?;
+        let full = schema_to_arrow_schema(&iceberg_schema)
+            .map_err(|e| DataFusionError::Plan(error_text(&e)))?;
+        let indices = spec
+            .output_fields
+            .iter()
+            .map(|name| full.index_of(name))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let schema = Arc::new(full.project(&indices)?);
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(schema.clone()),
+            Partitioning::UnknownPartitioning(spec.groups.len().max(1)),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        ));
+        Ok(Self {
+            spec,
+            schema,
+            properties,
+            metrics: ExecutionPlanMetricsSet::new(),
+        })
+    }
+
+    pub fn spec(&self) -> &ScanSpec {
+        &self.spec
+    }
+}
+
+impl DisplayAs for IcebergScanExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let s = &self.spec.stats;
+        write!(
+            f,
+            "IcebergScanExec: table={}, snapshot={}, partitions={}, files={} of {} \
+             (pruned {} by partition and statistics), bytes={}, delete_files={}, columns=[{}]",
+            self.spec.table,
+            self.spec
+                .snapshot_id
+                .map_or_else(|| "none".to_string(), |s| s.to_string()),
+            self.spec.groups.len(),
+            s.files_planned,
+            s.files_total,
+            s.files_total.saturating_sub(s.files_planned),
+            s.bytes_planned,
+            s.delete_files,
+            self.spec.output_fields.join(", ")
+        )?;
+        if let Some(p) = &s.predicate {
+            write!(f, ", predicate=[{p}]")?;
+        }
+        if let Some(limit) = self.spec.limit {
+            write!(f, ", limit={limit}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ExecutionPlan for IcebergScanExec {
+    fn name(&self) -> &str {
+        "IcebergScanExec"
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.is_empty() {
+            Ok(self)
+        } else {
+            Err(DataFusionError::Internal(
+                "IcebergScanExec has no children".to_string(),
+            ))
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let Some(tasks) = self.spec.groups.get(partition) else {
+            if partition == 0 && self.spec.groups.is_empty() {
+                return Ok(Box::pin(RecordBatchStreamAdapter::new(
+                    self.schema.clone(),
+                    futures::stream::empty(),
+                )));
+            }
+            return Err(DataFusionError::Internal(format!(
+                "IcebergScanExec has {} partitions, asked for partition {partition}",
+                self.spec.groups.len()
+            )));
+        };
+        let name_mapping: Option<Arc<NameMapping>> = match &self.spec.name_mapping {
+            Some(raw) => Some(Arc::new(serde_json::from_str(raw).map_err(|e| {
+                DataFusionError::Execution(format!(
+                    "table `{}`: bad schema.name-mapping.default: {e}",
+                    self.spec.table
+                ))
+            })?)),
+            None => None,
+        };
+        let tasks: Vec<FileScanTask> = tasks
+            .iter()
+            .cloned()
+            .map(|mut t| {
+                t.name_mapping = name_mapping.clone();
+                t
+            })
+            .collect();
+        let bytes = MetricBuilder::new(&self.metrics).counter("bytes_scanned", partition);
+        let files = MetricBuilder::new(&self.metrics).counter("files_scanned", partition);
+        files.add(tasks.len());
+        bytes.add(tasks.iter().map(|t| t.length as usize).sum());
+        let file_io = FileIOBuilder::new(Arc::new(BasinStorageFactory))
+            .with_props(self.spec.file_io.clone())
+            .build();
+        let runtime = iceberg::Runtime::try_current()
+            .map_err(|e| DataFusionError::Execution(error_text(&e)))?;
+        let reader = ArrowReaderBuilder::new(file_io, runtime)
+            .with_batch_size(context.session_config().batch_size())
+            .with_data_file_concurrency_limit(2)
+            .with_row_group_filtering_enabled(true)
+            .with_row_selection_enabled(true)
+            .build();
+        let table = self.spec.table.clone();
+        let stream = reader
+            .read(Box::pin(futures::stream::iter(tasks.into_iter().map(Ok))))
+            .map_err(|e| {
+                DataFusionError::Execution(format!("cannot read `{table}`: {}", error_text(&e)))
+            })?
+            .stream();
+        let schema = self.schema.clone();
+        let read_no_columns = self.spec.read_no_columns;
+        let table = self.spec.table.clone();
+        let mut remaining = self.spec.limit;
+        let stream = stream
+            .map(move |batch| {
+                let batch = batch.map_err(|e| {
+                    DataFusionError::Execution(format!("cannot read `{table}`: {}", error_text(&e)))
+                })?;
+                let columns = if read_no_columns {
+                    vec![]
+                } else {
+                    batch.columns().to_vec()
+                };
+                Ok(RecordBatch::try_new_with_options(
+                    schema.clone(),
+                    columns,
+                    &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+                )?)
+            })
+            .try_filter_map(move |batch: RecordBatch| {
+                let out = match remaining.as_mut() {
+                    None => Some(batch),
+                    Some(0) => None,
+                    Some(left) => {
+                        let take = batch.num_rows().min(*left);
+                        *left -= take;
+                        Some(batch.slice(0, take))
+                    }
+                };
+                futures::future::ready(Ok(out))
+            });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema.clone(),
+            stream,
+        )))
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn partition_statistics(&self, partition: Option<usize>) -> Result<Statistics> {
+        let tasks: Vec<&FileScanTask> = match partition {
+            Some(p) => self
+                .spec
+                .groups
+                .get(p)
+                .map(|g| g.iter().collect())
+                .unwrap_or_default(),
+            None => self.spec.groups.iter().flatten().collect(),
+        };
+        let rows: Option<u64> = tasks
+            .iter()
+            .map(|t| t.record_count)
+            .try_fold(0u64, |acc, r| r.map(|r| acc + r));
+        let bytes: u64 = tasks.iter().map(|t| t.length).sum();
+        let has_deletes = tasks.iter().any(|t| !t.deletes.is_empty());
+        let num_rows = match rows {
+            Some(r)
+                if !has_deletes
+                    && self.spec.limit.is_none()
+                    && self.spec.stats.predicate.is_none() =>
+            {
+                Precision::Exact(r as usize)
+            }
+            Some(r) => Precision::Inexact(r as usize),
+            None => Precision::Absent,
+        };
+        let mut stats = Statistics::new_unknown(&self.schema);
+        stats.num_rows = num_rows;
+        stats.total_byte_size = Precision::Inexact(bytes as usize);
+        Ok(stats)
+    }
+}

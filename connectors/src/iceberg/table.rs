@@ -1,0 +1,481 @@
+//! An Iceberg table as a DataFusion table: scans are planned into file groups balanced by
+//! bytes (on the scheduler), inserts become distributed writers plus one commit.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::catalog::Session;
+use datafusion::datasource::{TableProvider, TableType};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
+use datafusion::physical_plan::ExecutionPlan;
+use futures::TryStreamExt;
+use iceberg::TableIdent;
+use iceberg::arrow::schema_to_arrow_schema;
+use iceberg::io::FileIOBuilder;
+use iceberg::scan::FileScanTask;
+use iceberg::spec::{TableMetadata, TableMetadataRef};
+use iceberg::table::Table;
+use iceberg_datafusion::physical_plan::convert_filters_to_predicate;
+use serde::{Deserialize, Serialize};
+
+use super::catalog::{IcebergCatalog, IcebergOptions, error_text};
+use super::scan::{IcebergScanExec, ScanPlanStats, ScanSpec};
+use super::storage::BasinStorageFactory;
+
+/// Which snapshot a query reads.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum TableVersion {
+    /// `FOR VERSION AS OF <snapshot id>`
+    Snapshot(i64),
+    /// `FOR VERSION AS OF '<branch or tag>'`
+    Ref(String),
+    /// `FOR TIMESTAMP AS OF ...`, in milliseconds since the epoch (UTC).
+    TimestampMs(i64),
+}
+
+impl TableVersion {
+    /// The form that travels inside a table name.
+    pub fn encode(&self) -> String {
+        match self {
+            TableVersion::Snapshot(id) if *id < 0 => format!("n{}", id.unsigned_abs()),
+            TableVersion::Snapshot(id) => format!("s{id}"),
+            TableVersion::Ref(name) => format!(
+                "r{}",
+                name.bytes().map(|b| format!("{b:02x}")).collect::<String>()
+            ),
+            TableVersion::TimestampMs(ms) if *ms < 0 => format!("m{}", ms.unsigned_abs()),
+            TableVersion::TimestampMs(ms) => format!("t{ms}"),
+        }
+    }
+
+    pub fn decode(text: &str) -> Result<Self> {
+        let bad = || DataFusionError::Plan(format!("bad table version `{text}`"));
+        let (kind, value) = text.split_at_checked(1).ok_or_else(bad)?;
+        match kind {
+            "s" => value.parse().map(TableVersion::Snapshot).map_err(|_| bad()),
+            "n" => value
+                .parse::<i64>()
+                .map(|v| TableVersion::Snapshot(-v))
+                .map_err(|_| bad()),
+            "r" => {
+                let bytes = (0..value.len())
+                    .step_by(2)
+                    .map(|i| {
+                        value
+                            .get(i..i + 2)
+                            .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    })
+                    .collect::<Option<Vec<u8>>>()
+                    .ok_or_else(bad)?;
+                String::from_utf8(bytes)
+                    .map(TableVersion::Ref)
+                    .map_err(|_| bad())
+            }
+            "t" => value
+                .parse()
+                .map(TableVersion::TimestampMs)
+                .map_err(|_| bad()),
+            "m" => value
+                .parse::<i64>()
+                .map(|v| TableVersion::TimestampMs(-v))
+                .map_err(|_| bad()),
+            _ => Err(bad()),
+        }
+    }
+
+    /// The snapshot this version names in `metadata`.
+    fn resolve(&self, table: &str, metadata: &TableMetadata) -> Result<i64> {
+        match self {
+            TableVersion::Snapshot(id) => metadata
+                .snapshot_by_id(*id)
+                .map(|s| s.snapshot_id())
+                .ok_or_else(|| {
+                    DataFusionError::Plan(format!(
+                        "table `{table}` has no snapshot {id}; \"{}$snapshots\" lists them",
+                        table.rsplit('.').next().unwrap_or(table)
+                    ))
+                }),
+            TableVersion::Ref(name) => metadata
+                .snapshot_for_ref(name)
+                .map(|s| s.snapshot_id())
+                .ok_or_else(|| {
+                    DataFusionError::Plan(format!(
+                        "table `{table}` has no branch or tag `{name}`; \"{}$refs\" lists them",
+                        table.rsplit('.').next().unwrap_or(table)
+                    ))
+                }),
+            TableVersion::TimestampMs(ms) => {
+                // The snapshot that was current at that time: the last entry of the
+                // snapshot log at or before it.
+                metadata
+                    .history()
+                    .iter()
+                    .filter(|entry| entry.timestamp_ms <= *ms)
+                    .max_by_key(|entry| entry.timestamp_ms)
+                    .map(|entry| entry.snapshot_id)
+                    .ok_or_else(|| {
+                        let when = chrono::DateTime::from_timestamp_millis(*ms)
+                            .map(|t| t.to_rfc3339())
+                            .unwrap_or_else(|| ms.to_string());
+                        DataFusionError::Plan(format!(
+                            "table `{table}` has no snapshot at or before {when}"
+                        ))
+                    })
+            }
+        }
+    }
+}
+
+/// What an Iceberg table provider carries between processes: enough to rebuild the table
+/// without a catalog (the scheduler plans scans from it; executors write with it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IcebergTableSpec {
+    pub catalog: String,
+    pub namespace: Vec<String>,
+    pub name: String,
+    pub metadata_location: Option<String>,
+    pub metadata: TableMetadataRef,
+    /// FileIO properties (may hold storage credentials; never displayed).
+    pub file_io: HashMap<String, String>,
+    /// The snapshot read (`None`: the table has no snapshot yet).
+    pub snapshot_id: Option<i64>,
+    /// True when the query asked for an older version (the table is then read-only).
+    pub time_travel: bool,
+    pub options: IcebergOptions,
+}
+
+impl IcebergTableSpec {
+    pub fn qualified_name(&self) -> String {
+        format!(
+            "{}.{}.{}",
+            self.catalog,
+            self.namespace.join("."),
+            self.name
+        )
+    }
+
+    pub fn ident(&self) -> Result<TableIdent> {
+        TableIdent::from_strs(self.namespace.iter().chain(std::iter::once(&self.name)))
+            .map_err(|e| DataFusionError::Plan(format!("bad table name: {e}")))
+    }
+
+    /// Rebuilds an iceberg-rust table (read-only, no catalog) in the current runtime.
+    pub fn table(&self) -> Result<Table> {
+        let file_io = FileIOBuilder::new(Arc::new(BasinStorageFactory))
+            .with_props(self.file_io.clone())
+            .build();
+        let mut builder = Table::builder()
+            .metadata(self.metadata.clone())
+            .identifier(self.ident()?)
+            .file_io(file_io)
+            .runtime(
+                iceberg::Runtime::try_current()
+                    .map_err(|e| DataFusionError::Execution(error_text(&e)))?,
+            )
+            .readonly(true);
+        if let Some(location) = &self.metadata_location {
+            builder = builder.metadata_location(location.clone());
+        }
+        builder.build().map_err(|e| {
+            DataFusionError::Execution(format!(
+                "cannot open table `{}`: {}",
+                self.qualified_name(),
+                error_text(&e)
+            ))
+        })
+    }
+
+    /// The Arrow schema of the version read.
+    pub fn arrow_schema(&self) -> Result<SchemaRef> {
+        let schema = match self
+            .snapshot_id
+            .and_then(|id| self.metadata.snapshot_by_id(id))
+        {
+            Some(snapshot) if self.time_travel => snapshot
+                .schema(&self.metadata)
+                .map_err(|e| DataFusionError::Execution(error_text(&e)))?,
+            _ => self.metadata.current_schema().clone(),
+        };
+        let arrow = schema_to_arrow_schema(&schema).map_err(|e| {
+            DataFusionError::Plan(format!(
+                "table `{}` has a column type Basin cannot read yet: {}",
+                self.qualified_name(),
+                error_text(&e)
+            ))
+        })?;
+        Ok(Arc::new(arrow))
+    }
+}
+
+/// A DataFusion table over one version of an Iceberg table.
+#[derive(Debug)]
+pub struct IcebergTableProvider {
+    spec: IcebergTableSpec,
+    schema: SchemaRef,
+    /// The catalog, in the process that loaded the table (not on the scheduler).
+    catalog: Option<Arc<IcebergCatalog>>,
+}
+
+impl IcebergTableProvider {
+    /// A table loaded from `catalog`, at `version` or at its current snapshot.
+    pub fn new(
+        catalog: Arc<IcebergCatalog>,
+        table: Table,
+        version: Option<&TableVersion>,
+    ) -> Result<Self> {
+        let ident = table.identifier().clone();
+        let qualified = catalog.qualified(&ident);
+        let metadata = table.metadata_ref();
+        let snapshot_id = match version {
+            Some(v) => Some(v.resolve(&qualified, &metadata)?),
+            None => metadata.current_snapshot().map(|s| s.snapshot_id()),
+        };
+        let spec = IcebergTableSpec {
+            catalog: catalog.name().to_string(),
+            namespace: ident.namespace.clone().inner(),
+            name: ident.name.clone(),
+            metadata_location: table.metadata_location().map(str::to_string),
+            metadata,
+            file_io: table.file_io().config().props().clone(),
+            snapshot_id,
+            time_travel: version.is_some(),
+            options: catalog.options(),
+        };
+        let schema = spec.arrow_schema()?;
+        Ok(Self {
+            spec,
+            schema,
+            catalog: Some(catalog),
+        })
+    }
+
+    /// A table rebuilt from its spec (scheduler side).
+    pub fn from_spec(spec: IcebergTableSpec) -> Result<Self> {
+        let schema = spec.arrow_schema()?;
+        Ok(Self {
+            spec,
+            schema,
+            catalog: None,
+        })
+    }
+
+    pub fn schema_ref(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    pub fn spec(&self) -> &IcebergTableSpec {
+        &self.spec
+    }
+
+    pub fn catalog(&self) -> Option<&Arc<IcebergCatalog>> {
+        self.catalog.as_ref()
+    }
+
+    /// Plans the files to read: resolves the snapshot, prunes by partition and column
+    /// statistics, and spreads the file scan tasks over partitions balanced by bytes.
+    pub async fn plan_scan(
+        &self,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+        target_partitions: usize,
+    ) -> Result<IcebergScanExec> {
+        let qualified = self.spec.qualified_name();
+        let output_schema: SchemaRef = match projection {
+            Some(p) => Arc::new(self.schema.project(p)?),
+            None => self.schema.clone(),
+        };
+        let mut columns: Vec<String> = output_schema
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        // count(*) reads no column: read the first one and drop it.
+        let read_no_columns = columns.is_empty();
+        if read_no_columns && let Some(first) = self.schema.fields().first() {
+            columns.push(first.name().clone());
+        }
+        let predicate = convert_filters_to_predicate(filters);
+        let mut tasks: Vec<FileScanTask> = Vec::new();
+        let mut files_total = 0u64;
+        if let Some(snapshot_id) = self.spec.snapshot_id {
+            let table = self.spec.table()?;
+            let mut builder = table
+                .scan()
+                .snapshot_id(snapshot_id)
+                .select(columns.clone())
+                .with_row_group_filtering_enabled(true)
+                .with_row_selection_enabled(true);
+            if let Some(p) = &predicate {
+                builder = builder.with_filter(p.clone());
+            }
+            let scan = builder.build().map_err(|e| {
+                DataFusionError::Plan(format!("cannot scan `{qualified}`: {}", error_text(&e)))
+            })?;
+            tasks = scan
+                .plan_files()
+                .await
+                .map_err(|e| {
+                    DataFusionError::Execution(format!(
+                        "cannot plan the files of `{qualified}`: {}",
+                        error_text(&e)
+                    ))
+                })?
+                .try_collect()
+                .await
+                .map_err(|e| {
+                    DataFusionError::Execution(format!(
+                        "cannot plan the files of `{qualified}`: {}",
+                        error_text(&e)
+                    ))
+                })?;
+            files_total = self
+                .spec
+                .metadata
+                .snapshot_by_id(snapshot_id)
+                .and_then(|s| s.summary().additional_properties.get("total-data-files"))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(tasks.len() as u64);
+        }
+        let name_mapping = self
+            .spec
+            .metadata
+            .properties()
+            .get("schema.name-mapping.default")
+            .cloned();
+        let stats = ScanPlanStats {
+            files_total,
+            files_planned: tasks.len() as u64,
+            bytes_planned: tasks.iter().map(|t| t.length).sum(),
+            delete_files: tasks.iter().map(|t| t.deletes.len() as u64).sum(),
+            predicate: predicate.map(|p| p.to_string()),
+        };
+        let groups = balance(tasks, self.spec.options.split_size, target_partitions);
+        IcebergScanExec::try_new(ScanSpec {
+            table: qualified,
+            snapshot_id: self.spec.snapshot_id,
+            columns,
+            read_no_columns,
+            schema_json: serde_json::to_string(&self.read_schema()?)
+                .map_err(|e| DataFusionError::Internal(e.to_string()))?,
+            output_fields: output_schema
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect(),
+            groups: groups
+                .into_iter()
+                .map(|g| g.into_iter().map(strip_task).collect())
+                .collect(),
+            file_io: self.spec.file_io.clone(),
+            name_mapping,
+            limit,
+            stats,
+        })
+    }
+
+    /// The iceberg schema of the version read.
+    fn read_schema(&self) -> Result<iceberg::spec::SchemaRef> {
+        Ok(
+            match self
+                .spec
+                .snapshot_id
+                .and_then(|id| self.spec.metadata.snapshot_by_id(id))
+            {
+                Some(snapshot) if self.spec.time_travel => snapshot
+                    .schema(&self.spec.metadata)
+                    .map_err(|e| DataFusionError::Execution(error_text(&e)))?,
+                _ => self.spec.metadata.current_schema().clone(),
+            },
+        )
+    }
+}
+
+/// Partition values and specs cannot be serialized; readers then read partition source
+/// columns from the files, which Iceberg writers always store.
+fn strip_task(mut task: FileScanTask) -> FileScanTask {
+    task.partition = None;
+    task.partition_spec = None;
+    task.name_mapping = None;
+    task
+}
+
+/// Spreads tasks over partitions: as many as the bytes need at `split_size` per partition,
+/// at least enough to use `target_partitions` slots, never more than the tasks. Largest
+/// files first, each to the lightest partition.
+pub fn balance(
+    mut tasks: Vec<FileScanTask>,
+    split_size: u64,
+    target_partitions: usize,
+) -> Vec<Vec<FileScanTask>> {
+    if tasks.is_empty() {
+        return vec![Vec::new()];
+    }
+    let bytes: u64 = tasks.iter().map(|t| t.length).sum();
+    let by_size = bytes.div_ceil(split_size.max(1)) as usize;
+    let n = by_size
+        .max(target_partitions.max(1))
+        .min(tasks.len())
+        .max(1);
+    tasks.sort_by(|a, b| {
+        b.length
+            .cmp(&a.length)
+            .then_with(|| a.data_file_path.cmp(&b.data_file_path))
+    });
+    let mut groups: Vec<(u64, Vec<FileScanTask>)> = (0..n).map(|_| (0, Vec::new())).collect();
+    for task in tasks {
+        let lightest = groups
+            .iter_mut()
+            .min_by_key(|(load, _)| *load)
+            .expect("at least one group");
+        lightest.0 += task.length;
+        lightest.1.push(task);
+    }
+    groups.into_iter().map(|(_, g)| g).collect()
+}
+
+#[async_trait]
+impl TableProvider for IcebergTableProvider {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
+        // Iceberg prunes files and row groups with what it can convert; rows are still
+        // filtered by DataFusion.
+        Ok(vec![TableProviderFilterPushDown::Inexact; filters.len()])
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let exec = self
+            .plan_scan(
+                projection,
+                filters,
+                limit,
+                state.config().target_partitions(),
+            )
+            .await?;
+        Ok(Arc::new(exec))
+    }
+}

@@ -1,0 +1,721 @@
+//! Writes: executors write Parquet data files routed by the table's partition spec
+//! (`IcebergWriteExec`, one per input partition); the front end commits every file of the
+//! statement in one atomic fast-append (`IcebergCommitExec`).
+//!
+//! A statement that fails, or is killed before its commit, leaves the table at its old
+//! snapshot: files are only ever made visible by the one commit.
+
+use std::any::Any;
+use std::cmp::Ordering;
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use datafusion::arrow::array::{ArrayRef, RecordBatch, StringArray, UInt64Array};
+use datafusion::arrow::compute::cast;
+use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::common::{DFSchema, DFSchemaRef};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, SessionState, TaskContext};
+use datafusion::logical_expr::{
+    Expr, LogicalPlan, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
+};
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::expressions::Column;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning,
+    PlanProperties, execute_stream_partitioned,
+};
+use datafusion::physical_planner::{ExtensionPlanner, PhysicalPlanner};
+use futures::{StreamExt, TryStreamExt};
+use iceberg::arrow::{FieldMatchMode, RecordBatchPartitionSplitter, schema_to_arrow_schema};
+use iceberg::io::FileIOBuilder;
+use iceberg::spec::{
+    DataFile, DataFileFormat, TableMetadata, TableMetadataRef, deserialize_data_file_from_json,
+    serialize_data_file_to_json,
+};
+use iceberg::transaction::{ApplyTransactionAction, Transaction};
+use iceberg::writer::base_writer::data_file_writer::DataFileWriterBuilder;
+use iceberg::writer::file_writer::ParquetWriterBuilder;
+use iceberg::writer::file_writer::location_generator::{
+    DefaultFileNameGenerator, DefaultLocationGenerator,
+};
+use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
+use iceberg::writer::partitioning::PartitioningWriter;
+use iceberg::writer::partitioning::fanout_writer::FanoutWriter;
+use iceberg::writer::partitioning::unpartitioned_writer::UnpartitionedWriter;
+use iceberg::{Catalog, ErrorKind, TableIdent};
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+use serde::{Deserialize, Serialize};
+
+use super::catalog::{IcebergCatalog, error_text};
+use super::storage::BasinStorageFactory;
+use super::table::IcebergTableSpec;
+
+/// The summary property that marks the snapshot of one Basin statement.
+pub const COMMIT_ID_PROPERTY: &str = "basin.commit-id";
+
+/// The column of the write stage's output: one serialized data file per row.
+pub const DATA_FILE_COLUMN: &str = "data_file";
+
+fn data_files_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new(
+        DATA_FILE_COLUMN,
+        DataType::Utf8,
+        false,
+    )]))
+}
+
+/// What the executors need to write files for one statement.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WriteSpec {
+    /// `catalog.namespace.table`, for messages.
+    pub table: String,
+    pub metadata: TableMetadataRef,
+    /// FileIO properties (may hold credentials; never displayed).
+    pub file_io: HashMap<String, String>,
+    pub target_file_size: u64,
+    /// Unique per statement: the prefix of every file name it writes.
+    pub write_id: String,
+}
+
+impl WriteSpec {
+    pub fn new(table: &IcebergTableSpec) -> Self {
+        let target = table
+            .metadata
+            .properties()
+            .get("write.target-file-size-bytes")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(table.options.target_file_size);
+        Self {
+            table: table.qualified_name(),
+            metadata: table.metadata.clone(),
+            file_io: table.file_io.clone(),
+            target_file_size: target,
+            write_id: uuid::Uuid::now_v7().to_string(),
+        }
+    }
+}
+
+/// Logical node: write the input into data files of a table (runs on the executors).
+#[derive(Debug, Clone)]
+pub struct IcebergWriteNode {
+    pub spec: WriteSpec,
+    pub input: LogicalPlan,
+    schema: DFSchemaRef,
+}
+
+impl IcebergWriteNode {
+    pub fn new(spec: WriteSpec, input: LogicalPlan) -> Result<Self> {
+        Ok(Self {
+            spec,
+            input,
+            schema: Arc::new(DFSchema::try_from(data_files_schema().as_ref().clone())?),
+        })
+    }
+}
+
+impl PartialEq for IcebergWriteNode {
+    fn eq(&self, other: &Self) -> bool {
+        self.spec.write_id == other.spec.write_id && self.input == other.input
+    }
+}
+impl Eq for IcebergWriteNode {}
+impl Hash for IcebergWriteNode {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.spec.write_id.hash(state);
+        self.input.hash(state);
+    }
+}
+impl PartialOrd for IcebergWriteNode {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        self.spec.write_id.partial_cmp(&other.spec.write_id)
+    }
+}
+
+impl UserDefinedLogicalNodeCore for IcebergWriteNode {
+    fn name(&self) -> &str {
+        "IcebergWrite"
+    }
+
+    fn inputs(&self) -> Vec<&LogicalPlan> {
+        vec![&self.input]
+    }
+
+    fn schema(&self) -> &DFSchemaRef {
+        &self.schema
+    }
+
+    fn expressions(&self) -> Vec<Expr> {
+        vec![]
+    }
+
+    fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "IcebergWrite: table={}", self.spec.table)
+    }
+
+    fn with_exprs_and_inputs(
+        &self,
+        _exprs: Vec<Expr>,
+        mut inputs: Vec<LogicalPlan>,
+    ) -> Result<Self> {
+        let input = inputs
+            .pop()
+            .ok_or_else(|| DataFusionError::Internal("IcebergWrite needs one input".to_string()))?;
+        Ok(Self {
+            spec: self.spec.clone(),
+            input,
+            schema: self.schema.clone(),
+        })
+    }
+}
+
+/// Plans [`IcebergWriteNode`] on the scheduler: rows of one table partition go to one
+/// writer task (hash on the partition source columns), then each task writes its files.
+#[derive(Debug, Default)]
+pub struct IcebergWritePlanner;
+
+#[async_trait]
+impl ExtensionPlanner for IcebergWritePlanner {
+    async fn plan_extension(
+        &self,
+        _planner: &dyn PhysicalPlanner,
+        node: &dyn UserDefinedLogicalNode,
+        _logical_inputs: &[&LogicalPlan],
+        physical_inputs: &[Arc<dyn ExecutionPlan>],
+        session_state: &SessionState,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let Some(node) = node.as_any().downcast_ref::<IcebergWriteNode>() else {
+            return Ok(None);
+        };
+        let [input] = physical_inputs else {
+            return Err(DataFusionError::Internal(
+                "IcebergWrite needs one input".to_string(),
+            ));
+        };
+        let spec = node.spec.metadata.default_partition_spec();
+        let schema = node.spec.metadata.current_schema();
+        let mut input = input.clone();
+        if !spec.is_unpartitioned() {
+            let mut keys: Vec<Arc<dyn PhysicalExpr>> = Vec::new();
+            for field in spec.fields() {
+                if let Some(source) = schema.field_by_id(field.source_id)
+                    && let Ok(index) = input.schema().index_of(&source.name)
+                    && !keys.iter().any(|k| {
+                        k.as_any()
+                            .downcast_ref::<Column>()
+                            .is_some_and(|c| c.index() == index)
+                    })
+                {
+                    keys.push(Arc::new(Column::new(&source.name, index)));
+                }
+            }
+            if !keys.is_empty() {
+                let n = session_state.config().target_partitions().max(1);
+                input = Arc::new(RepartitionExec::try_new(
+                    input,
+                    Partitioning::Hash(keys, n),
+                )?);
+            }
+        }
+        Ok(Some(Arc::new(IcebergWriteExec::new(
+            node.spec.clone(),
+            input,
+        ))))
+    }
+}
+
+/// Writes its input partitions into data files; outputs one row per file written.
+#[derive(Debug)]
+pub struct IcebergWriteExec {
+    spec: WriteSpec,
+    input: Arc<dyn ExecutionPlan>,
+    properties: Arc<PlanProperties>,
+}
+
+impl IcebergWriteExec {
+    pub fn new(spec: WriteSpec, input: Arc<dyn ExecutionPlan>) -> Self {
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(data_files_schema()),
+            Partitioning::UnknownPartitioning(input.output_partitioning().partition_count()),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        Self {
+            spec,
+            input,
+            properties,
+        }
+    }
+
+    pub fn spec(&self) -> &WriteSpec {
+        &self.spec
+    }
+
+    pub fn input(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.input
+    }
+}
+
+impl DisplayAs for IcebergWriteExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let spec = self.spec.metadata.default_partition_spec();
+        write!(
+            f,
+            "IcebergWriteExec: table={}, partitioning=[{}], target_file_size={}",
+            self.spec.table,
+            spec.fields()
+                .iter()
+                .map(|p| format!("{}={}", p.name, p.transform))
+                .collect::<Vec<_>>()
+                .join(", "),
+            self.spec.target_file_size
+        )
+    }
+}
+
+impl ExecutionPlan for IcebergWriteExec {
+    fn name(&self) -> &str {
+        "IcebergWriteExec"
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let input = children.pop().ok_or_else(|| {
+            DataFusionError::Internal("IcebergWriteExec needs one input".to_string())
+        })?;
+        Ok(Arc::new(Self::new(self.spec.clone(), input)))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let input = self.input.execute(partition, context)?;
+        let spec = self.spec.clone();
+        let task = format!("{}-{partition:05}", spec.write_id);
+        let stream = futures::stream::once(async move {
+            let files = write_files(&spec, &task, input).await?;
+            let array: ArrayRef = Arc::new(StringArray::from(files));
+            Ok(RecordBatch::try_new(data_files_schema(), vec![array])?)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            data_files_schema(),
+            stream,
+        )))
+    }
+}
+
+fn writer_properties() -> WriterProperties {
+    WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::default()))
+        .build()
+}
+
+/// Writes one input stream into data files; returns them serialized.
+async fn write_files(
+    spec: &WriteSpec,
+    task: &str,
+    mut input: SendableRecordBatchStream,
+) -> Result<Vec<String>> {
+    let fail = |what: &str, e: iceberg::Error| {
+        DataFusionError::Execution(format!(
+            "cannot write to `{}`: {what}: {}",
+            spec.table,
+            error_text(&e)
+        ))
+    };
+    let metadata: &TableMetadata = &spec.metadata;
+    let schema = metadata.current_schema().clone();
+    let arrow_schema: SchemaRef =
+        Arc::new(schema_to_arrow_schema(&schema).map_err(|e| fail("unsupported column type", e))?);
+    let partition_spec = metadata.default_partition_spec().clone();
+    let file_io = FileIOBuilder::new(Arc::new(BasinStorageFactory))
+        .with_props(spec.file_io.clone())
+        .build();
+    let parquet = ParquetWriterBuilder::new_with_match_mode(
+        writer_properties(),
+        schema.clone(),
+        FieldMatchMode::Name,
+    );
+    let rolling = RollingFileWriterBuilder::new(
+        parquet,
+        spec.target_file_size as usize,
+        file_io,
+        DefaultLocationGenerator::new(metadata).map_err(|e| fail("data location", e))?,
+        DefaultFileNameGenerator::new(task.to_string(), None, DataFileFormat::Parquet),
+    );
+    let builder = DataFileWriterBuilder::new(rolling);
+    let files: Vec<DataFile> = if partition_spec.is_unpartitioned() {
+        let mut writer = UnpartitionedWriter::new(builder);
+        while let Some(batch) = input.next().await {
+            let batch = conform(&batch?, &arrow_schema, &spec.table)?;
+            if batch.num_rows() > 0 {
+                writer.write(batch).await.map_err(|e| fail("write", e))?;
+            }
+        }
+        writer.close().await.map_err(|e| fail("close", e))?
+    } else {
+        let splitter = RecordBatchPartitionSplitter::try_new_with_computed_values(
+            schema.clone(),
+            partition_spec.clone(),
+        )
+        .map_err(|e| fail("partition spec", e))?;
+        let mut writer = FanoutWriter::new(builder);
+        while let Some(batch) = input.next().await {
+            let batch = conform(&batch?, &arrow_schema, &spec.table)?;
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            for (key, part) in splitter.split(&batch).map_err(|e| fail("partition", e))? {
+                writer
+                    .write(key, part)
+                    .await
+                    .map_err(|e| fail("write", e))?;
+            }
+        }
+        writer.close().await.map_err(|e| fail("close", e))?
+    };
+    let partition_type = metadata.default_partition_type();
+    files
+        .into_iter()
+        .map(|f| {
+            serialize_data_file_to_json(f, partition_type, metadata.format_version())
+                .map_err(|e| fail("serialize data file", e))
+        })
+        .collect()
+}
+
+/// Gives a batch the table's Arrow schema (field ids, types), casting where needed.
+fn conform(batch: &RecordBatch, schema: &SchemaRef, table: &str) -> Result<RecordBatch> {
+    if batch.num_columns() != schema.fields().len() {
+        return Err(DataFusionError::Plan(format!(
+            "cannot write {} columns into `{table}`, which has {}",
+            batch.num_columns(),
+            schema.fields().len()
+        )));
+    }
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(column, field)| {
+            if column.data_type() == field.data_type() {
+                Ok(column.clone())
+            } else {
+                cast(column, field.data_type()).map_err(|e| {
+                    DataFusionError::Plan(format!(
+                        "column `{}` of `{table}` is {}, the value is {}: {e}",
+                        field.name(),
+                        field.data_type(),
+                        column.data_type()
+                    ))
+                })
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    RecordBatch::try_new(schema.clone(), columns)
+        .map_err(|e| DataFusionError::Execution(format!("cannot write to `{table}`: {e}")))
+}
+
+/// Commits the files of one statement in one fast-append; runs in the front end.
+/// Outputs the number of rows written (DataFusion's DML `count`).
+#[derive(Debug)]
+pub struct IcebergCommitExec {
+    catalog: Arc<IcebergCatalog>,
+    ident: TableIdent,
+    spec: WriteSpec,
+    input: Arc<dyn ExecutionPlan>,
+    properties: Arc<PlanProperties>,
+}
+
+fn count_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![Field::new(
+        "count",
+        DataType::UInt64,
+        false,
+    )]))
+}
+
+impl IcebergCommitExec {
+    pub fn new(
+        catalog: Arc<IcebergCatalog>,
+        ident: TableIdent,
+        spec: WriteSpec,
+        input: Arc<dyn ExecutionPlan>,
+    ) -> Self {
+        let properties = Arc::new(PlanProperties::new(
+            EquivalenceProperties::new(count_schema()),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Final,
+            Boundedness::Bounded,
+        ));
+        Self {
+            catalog,
+            ident,
+            spec,
+            input,
+            properties,
+        }
+    }
+}
+
+impl DisplayAs for IcebergCommitExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "IcebergCommitExec: table={}, operation=append",
+            self.spec.table
+        )
+    }
+}
+
+impl ExecutionPlan for IcebergCommitExec {
+    fn name(&self) -> &str {
+        "IcebergCommitExec"
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let input = children.pop().ok_or_else(|| {
+            DataFusionError::Internal("IcebergCommitExec needs one input".to_string())
+        })?;
+        Ok(Arc::new(Self::new(
+            self.catalog.clone(),
+            self.ident.clone(),
+            self.spec.clone(),
+            input,
+        )))
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return Err(DataFusionError::Internal(format!(
+                "IcebergCommitExec has one partition, asked for {partition}"
+            )));
+        }
+        let input = self.input.clone();
+        let catalog = self.catalog.clone();
+        let ident = self.ident.clone();
+        let spec = self.spec.clone();
+        let stream = futures::stream::once(async move {
+            let mut files: Vec<String> = Vec::new();
+            for stream in execute_stream_partitioned(input, context)? {
+                let batches: Vec<RecordBatch> = stream.try_collect().await?;
+                for batch in batches {
+                    let column = batch
+                        .column(0)
+                        .as_any()
+                        .downcast_ref::<StringArray>()
+                        .ok_or_else(|| {
+                            DataFusionError::Internal("bad data file column".to_string())
+                        })?;
+                    files.extend(column.iter().flatten().map(str::to_string));
+                }
+            }
+            let rows = commit(&catalog, &ident, &spec, files).await?;
+            let array: ArrayRef = Arc::new(UInt64Array::from(vec![rows]));
+            Ok(RecordBatch::try_new(count_schema(), vec![array])?)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            count_schema(),
+            stream,
+        )))
+    }
+}
+
+/// Commits `files` (serialized data files) to the table in one snapshot. Conflicts (409)
+/// are retried by iceberg-rust with exponential backoff after reloading and revalidating;
+/// when the outcome is unknown (5xx, timeout) the table is reloaded and searched for this
+/// statement's snapshot before any retry, and the files are never deleted.
+pub async fn commit(
+    catalog: &Arc<IcebergCatalog>,
+    ident: &TableIdent,
+    spec: &WriteSpec,
+    files: Vec<String>,
+) -> Result<u64> {
+    let table_name = spec.table.clone();
+    let metadata = spec.metadata.clone();
+    let spec_id = metadata.default_partition_spec_id();
+    let partition_type = metadata.default_partition_type().clone();
+    let schema = metadata.current_schema().clone();
+    let data_files: Vec<DataFile> = files
+        .iter()
+        .map(|json| deserialize_data_file_from_json(json, spec_id, &partition_type, &schema))
+        .collect::<iceberg::Result<_>>()
+        .map_err(|e| {
+            DataFusionError::Internal(format!(
+                "cannot read the files written to `{table_name}`: {}",
+                error_text(&e)
+            ))
+        })?;
+    let rows: u64 = data_files.iter().map(|f| f.record_count()).sum();
+    if data_files.is_empty() {
+        return Ok(0);
+    }
+    let paths: Vec<String> = data_files
+        .iter()
+        .map(|f| f.file_path().to_string())
+        .collect();
+    let commit_id = spec.write_id.clone();
+    let id = ident.clone();
+    let written_schema = schema.clone();
+    let result = catalog
+        .call(move |c| async move {
+            commit_with_recovery(c, id, spec_id, written_schema, data_files, commit_id).await
+        })
+        .await;
+    match result {
+        Ok(()) => Ok(rows),
+        Err(e) => {
+            tracing::warn!(
+                table = %table_name,
+                files = ?paths,
+                "statement failed before its commit; these data files are not part of the table and can be deleted"
+            );
+            let unknown = e.message().contains("commit state is unknown");
+            Err(DataFusionError::Execution(format!(
+                "cannot commit to `{table_name}`: {}; {} data file(s) written by this \
+                 statement are {} (their paths are in the log)",
+                error_text(&e),
+                paths.len(),
+                if unknown {
+                    "kept because the commit may have succeeded"
+                } else {
+                    "not part of the table"
+                }
+            )))
+        }
+    }
+}
+
+async fn commit_with_recovery(
+    catalog: Arc<dyn Catalog>,
+    ident: TableIdent,
+    spec_id: i32,
+    written_schema: iceberg::spec::SchemaRef,
+    files: Vec<DataFile>,
+    commit_id: String,
+) -> iceberg::Result<()> {
+    let mut unknown_attempts = 0u32;
+    let mut wait = Duration::from_millis(100);
+    loop {
+        let table = catalog.load_table(&ident).await?;
+        if committed(table.metadata(), &commit_id) {
+            return Ok(());
+        }
+        validate(table.metadata(), spec_id, &written_schema)?;
+        let tx = Transaction::new(&table);
+        let tx = tx
+            .fast_append()
+            .with_check_duplicate(false)
+            .set_snapshot_properties(HashMap::from([
+                (COMMIT_ID_PROPERTY.to_string(), commit_id.clone()),
+                ("engine-name".to_string(), "basin".to_string()),
+            ]))
+            .add_data_files(files.clone())
+            .apply(tx)?;
+        match tx.commit(catalog.as_ref()).await {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == ErrorKind::Unexpected && unknown_attempts < 3 => {
+                // The commit may or may not have happened: look before retrying.
+                unknown_attempts += 1;
+                tracing::warn!(table = %ident, error = %error_text(&e), "commit state unknown; reloading the table");
+                tokio::time::sleep(wait).await;
+                wait = (wait * 2).min(Duration::from_secs(60));
+            }
+            Err(e) if e.kind() == ErrorKind::Unexpected => {
+                // Still unknown: one last look.
+                if let Ok(t) = catalog.load_table(&ident).await
+                    && committed(t.metadata(), &commit_id)
+                {
+                    return Ok(());
+                }
+                return Err(iceberg::Error::new(
+                    ErrorKind::Unexpected,
+                    format!("the commit state is unknown: {}", error_text(&e)),
+                ));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn committed(metadata: &TableMetadata, commit_id: &str) -> bool {
+    metadata.snapshots().any(|s| {
+        s.summary()
+            .additional_properties
+            .get(COMMIT_ID_PROPERTY)
+            .is_some_and(|v| v == commit_id)
+    })
+}
+
+/// The table may have changed since the files were written: they must still fit.
+fn validate(
+    metadata: &TableMetadata,
+    spec_id: i32,
+    written: &iceberg::spec::Schema,
+) -> iceberg::Result<()> {
+    if metadata.default_partition_spec_id() != spec_id {
+        return Err(iceberg::Error::new(
+            ErrorKind::DataInvalid,
+            "the table's partitioning changed while the statement ran; run it again",
+        ));
+    }
+    let current = metadata.current_schema();
+    for field in written.as_struct().fields() {
+        match current.field_by_id(field.id) {
+            Some(f) if f.field_type == field.field_type => {}
+            _ => {
+                return Err(iceberg::Error::new(
+                    ErrorKind::DataInvalid,
+                    format!(
+                        "column `{}` changed while the statement ran; run it again",
+                        field.name
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,329 @@
+//! Basin's SQL front: DataFusion's parser and planner, plus what Basin adds to them.
+//!
+//! - Trino's time travel, `t FOR VERSION AS OF <snapshot id | 'branch or tag'>` and
+//!   `t FOR TIMESTAMP AS OF TIMESTAMP '...'`, which DataFusion's parser does not know: the
+//!   clause is moved into the table name before parsing, and the Iceberg catalog reads it
+//!   from there.
+//! - `CREATE TABLE` / `CREATE TABLE ... AS SELECT` on Iceberg catalogs, with Trino's
+//!   `WITH (partitioning = ARRAY[...], sorted_by = ARRAY[...], location = '...', ...)`.
+
+use std::sync::Arc;
+
+use basin_connectors::iceberg::{
+    IcebergCatalogProvider, IcebergCreateTable, TableOptions, TableVersion, VERSION_MARKER,
+    namespace_ident,
+};
+use datafusion::error::{DataFusionError, Result};
+use datafusion::logical_expr::{DdlStatement, Extension, LogicalPlan};
+use datafusion::prelude::SessionContext;
+use datafusion::sql::parser::{DFParser, Statement};
+use datafusion::sql::planner::object_name_to_table_reference;
+use datafusion::sql::sqlparser::ast::{CreateTableOptions, Statement as SqlStatement};
+use datafusion::sql::sqlparser::dialect::GenericDialect;
+use datafusion::sql::sqlparser::keywords::{Keyword, RESERVED_FOR_TABLE_ALIAS};
+use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
+
+/// Parses SQL text into statements, with Basin's extensions.
+pub fn parse(sql: &str) -> Result<Vec<Statement>> {
+    let sql = rewrite_time_travel(sql)?;
+    Ok(DFParser::parse_sql(&sql)?.into_iter().collect())
+}
+
+/// Plans one parsed statement.
+pub async fn plan(ctx: &SessionContext, statement: Statement) -> Result<LogicalPlan> {
+    if let Some(plan) = plan_iceberg_create_table(ctx, &statement).await? {
+        return Ok(plan);
+    }
+    ctx.state().statement_to_plan(statement).await
+}
+
+/// Parses and plans SQL text that holds exactly one statement.
+pub async fn plan_one(ctx: &SessionContext, sql: &str) -> Result<LogicalPlan> {
+    let mut statements = parse(sql)?;
+    match statements.len() {
+        0 => Err(DataFusionError::Plan("no SQL statement given".to_string())),
+        1 => plan(ctx, statements.remove(0)).await,
+        n => Err(DataFusionError::Plan(format!(
+            "expected one SQL statement, got {n}"
+        ))),
+    }
+}
+
+/// True for plans that change something (DDL, DML, Basin's Iceberg DDL): they run when
+/// submitted, whether or not a client fetches their result.
+pub fn is_command(plan: &LogicalPlan) -> bool {
+    match plan {
+        LogicalPlan::Ddl(_)
+        | LogicalPlan::Dml(_)
+        | LogicalPlan::Copy(_)
+        | LogicalPlan::Statement(_) => true,
+        LogicalPlan::Extension(e) => e.node.as_any().is::<IcebergCreateTable>(),
+        _ => false,
+    }
+}
+
+async fn plan_iceberg_create_table(
+    ctx: &SessionContext,
+    statement: &Statement,
+) -> Result<Option<LogicalPlan>> {
+    let Statement::Statement(inner) = statement else {
+        return Ok(None);
+    };
+    let SqlStatement::CreateTable(create) = inner.as_ref() else {
+        return Ok(None);
+    };
+    let state = ctx.state();
+    let options = state.config_options();
+    let reference = object_name_to_table_reference(
+        create.name.clone(),
+        options.sql_parser.enable_ident_normalization,
+    )?;
+    let resolved = reference.resolve(
+        &options.catalog.default_catalog,
+        &options.catalog.default_schema,
+    );
+    let Some(catalog) = ctx.catalog(&resolved.catalog) else {
+        return Ok(None);
+    };
+    let Some(iceberg) = catalog.as_any().downcast_ref::<IcebergCatalogProvider>() else {
+        return Ok(None);
+    };
+    let table_options = match &create.table_options {
+        CreateTableOptions::None => TableOptions::default(),
+        CreateTableOptions::With(options) => TableOptions::from_sql(options)?,
+        other => {
+            return Err(DataFusionError::Plan(format!(
+                "table options `{other}` are not supported; use WITH (partitioning = ARRAY[...], ...)"
+            )));
+        }
+    };
+    if catalog.schema(&resolved.schema).is_none() {
+        return Err(DataFusionError::Plan(format!(
+            "schema `{}.{}` does not exist; CREATE SCHEMA {}.{} creates it",
+            resolved.catalog, resolved.schema, resolved.catalog, resolved.schema
+        )));
+    }
+    // DataFusion plans the columns and the query; Basin creates the table.
+    let mut plain = create.clone();
+    plain.table_options = CreateTableOptions::None;
+    let planned = state
+        .statement_to_plan(Statement::Statement(Box::new(SqlStatement::CreateTable(
+            plain,
+        ))))
+        .await?;
+    let LogicalPlan::Ddl(DdlStatement::CreateMemoryTable(cmd)) = planned else {
+        return Err(DataFusionError::Plan(format!(
+            "CREATE TABLE {} is not supported on an Iceberg catalog",
+            create.name
+        )));
+    };
+    if cmd.temporary {
+        return Err(DataFusionError::Plan(
+            "Iceberg tables cannot be TEMPORARY".to_string(),
+        ));
+    }
+    let query = create.query.is_some().then(|| cmd.input.as_ref().clone());
+    let node = IcebergCreateTable::new(
+        iceberg.catalog().clone(),
+        namespace_ident(&resolved.schema)?,
+        resolved.table.to_string(),
+        Arc::clone(cmd.input.schema().inner()),
+        table_options,
+        cmd.if_not_exists,
+        cmd.or_replace,
+        query,
+    )?;
+    Ok(Some(LogicalPlan::Extension(Extension {
+        node: Arc::new(node),
+    })))
+}
+
+/// Moves Trino's `FOR VERSION AS OF` / `FOR TIMESTAMP AS OF` clauses into the table name
+/// they follow (`t FOR VERSION AS OF 42` becomes `"t__basin_version_s42" AS "t"`).
+pub fn rewrite_time_travel(sql: &str) -> Result<String> {
+    // Cheap exit for the common case.
+    let upper = sql.to_ascii_uppercase();
+    if !upper.contains("AS OF") {
+        return Ok(sql.to_string());
+    }
+    let tokens = Tokenizer::new(&GenericDialect {}, sql)
+        .tokenize_with_location()
+        .map_err(|e| DataFusionError::SQL(Box::new(e.into()), None))?;
+    let offsets = LineOffsets::new(sql);
+    let significant: Vec<usize> = tokens
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| !matches!(t.token, Token::Whitespace(_)))
+        .map(|(i, _)| i)
+        .collect();
+    let mut edits: Vec<(usize, usize, String)> = Vec::new();
+    let mut k = 0;
+    while k < significant.len() {
+        let at = |j: usize| significant.get(j).map(|&i| &tokens[i]);
+        let is_kw = |j: usize, kw: Keyword| matches!(at(j), Some(TokenWithSpan { token: Token::Word(w), .. }) if w.keyword == kw && w.quote_style.is_none());
+        if !(is_kw(k, Keyword::FOR)
+            && (is_kw(k + 1, Keyword::VERSION) || is_kw(k + 1, Keyword::TIMESTAMP))
+            && is_kw(k + 2, Keyword::AS)
+            && is_kw(k + 3, Keyword::OF))
+        {
+            k += 1;
+            continue;
+        }
+        let by_version = is_kw(k + 1, Keyword::VERSION);
+        let mut v = k + 4;
+        if !by_version && is_kw(v, Keyword::TIMESTAMP) {
+            v += 1;
+        }
+        let value = at(v)
+            .ok_or_else(|| DataFusionError::Plan("FOR ... AS OF needs a value".to_string()))?;
+        let version = match (&value.token, by_version) {
+            (Token::Number(n, _), true) => TableVersion::Snapshot(
+                n.parse()
+                    .map_err(|_| DataFusionError::Plan(format!("`{n}` is not a snapshot id")))?,
+            ),
+            (Token::SingleQuotedString(s), true) => match s.parse::<i64>() {
+                Ok(id) => TableVersion::Snapshot(id),
+                Err(_) => TableVersion::Ref(s.clone()),
+            },
+            (Token::SingleQuotedString(s), false) => TableVersion::TimestampMs(parse_timestamp(s)?),
+            (other, true) => {
+                return Err(DataFusionError::Plan(format!(
+                    "FOR VERSION AS OF takes a snapshot id or a branch or tag name in quotes, got `{other}`"
+                )));
+            }
+            (other, false) => {
+                return Err(DataFusionError::Plan(format!(
+                    "FOR TIMESTAMP AS OF takes TIMESTAMP '...', got `{other}`"
+                )));
+            }
+        };
+        let name = k.checked_sub(1).and_then(at);
+        let Some(TokenWithSpan {
+            token: Token::Word(word),
+            span,
+        }) = name
+        else {
+            return Err(DataFusionError::Plan(
+                "FOR VERSION/TIMESTAMP AS OF must follow a table name".to_string(),
+            ));
+        };
+        let table = if word.quote_style.is_some() {
+            word.value.clone()
+        } else {
+            word.value.to_ascii_lowercase()
+        };
+        // Keep the table's own name as the alias, unless the query gives one.
+        let has_alias = match at(v + 1) {
+            Some(TokenWithSpan {
+                token: Token::Word(w),
+                ..
+            }) => w.quote_style.is_some() || !RESERVED_FOR_TABLE_ALIAS.contains(&w.keyword),
+            _ => false,
+        };
+        let quoted = format!("\"{}\"", table.replace('"', "\"\""));
+        let mut replacement = format!(
+            "\"{}{VERSION_MARKER}{}\"",
+            table.replace('"', "\"\""),
+            version.encode()
+        );
+        if !has_alias {
+            replacement.push_str(" AS ");
+            replacement.push_str(&quoted);
+        }
+        let start = offsets.byte(span.start.line, span.start.column);
+        let end = offsets.byte(value.span.end.line, value.span.end.column);
+        edits.push((start, end, replacement));
+        k = v + 1;
+    }
+    let mut out = sql.to_string();
+    for (start, end, text) in edits.into_iter().rev() {
+        out.replace_range(start..end, &text);
+    }
+    Ok(out)
+}
+
+/// Parses a timestamp literal (UTC unless it names an offset) into milliseconds.
+fn parse_timestamp(text: &str) -> Result<i64> {
+    let t = text.trim();
+    for format in [
+        "%Y-%m-%d %H:%M:%S%.f %:z",
+        "%Y-%m-%dT%H:%M:%S%.f%:z",
+        "%Y-%m-%d %H:%M:%S%.f%:z",
+    ] {
+        if let Ok(dt) = chrono::DateTime::parse_from_str(t, format) {
+            return Ok(dt.timestamp_millis());
+        }
+    }
+    let stripped = t
+        .strip_suffix(" UTC")
+        .or_else(|| t.strip_suffix('Z'))
+        .unwrap_or(t);
+    for format in ["%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S%.f"] {
+        if let Ok(dt) = chrono::NaiveDateTime::parse_from_str(stripped, format) {
+            return Ok(dt.and_utc().timestamp_millis());
+        }
+    }
+    if let Ok(d) = chrono::NaiveDate::parse_from_str(stripped, "%Y-%m-%d") {
+        return Ok(d
+            .and_hms_opt(0, 0, 0)
+            .map(|dt| dt.and_utc().timestamp_millis())
+            .unwrap_or_default());
+    }
+    Err(DataFusionError::Plan(format!(
+        "`{text}` is not a timestamp; use TIMESTAMP 'YYYY-MM-DD HH:MM:SS[.fff][ +HH:MM]'"
+    )))
+}
+
+/// Byte offsets of (line, column) positions (1-based, columns in characters).
+struct LineOffsets<'a> {
+    text: &'a str,
+    starts: Vec<usize>,
+}
+
+impl<'a> LineOffsets<'a> {
+    fn new(text: &'a str) -> Self {
+        let mut starts = vec![0];
+        starts.extend(text.match_indices('\n').map(|(i, _)| i + 1));
+        Self { text, starts }
+    }
+
+    fn byte(&self, line: u64, column: u64) -> usize {
+        let Some(&start) = self.starts.get(line.saturating_sub(1) as usize) else {
+            return self.text.len();
+        };
+        let rest = &self.text[start..];
+        rest.char_indices()
+            .nth(column.saturating_sub(1) as usize)
+            .map(|(i, _)| start + i)
+            .unwrap_or(self.text.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rewrites_version_clauses() {
+        let sql = "SELECT * FROM lake.s.orders FOR VERSION AS OF 42 o JOIN t FOR VERSION AS OF 'tag1' ON 1=1";
+        assert_eq!(
+            rewrite_time_travel(sql).unwrap(),
+            "SELECT * FROM lake.s.\"orders__basin_version_s42\" o JOIN \"t__basin_version_r74616731\" AS \"t\" ON 1=1"
+        );
+        let sql = "select 'it''s' , x from \"Orders\"\n  for timestamp as of timestamp '2026-01-01 00:00:00'";
+        assert_eq!(
+            rewrite_time_travel(sql).unwrap(),
+            "select 'it''s' , x from \"Orders__basin_version_t1767225600000\" AS \"Orders\""
+        );
+        assert_eq!(rewrite_time_travel("SELECT 1").unwrap(), "SELECT 1");
+        assert!(rewrite_time_travel("SELECT * FROM t FOR VERSION AS OF x").is_err());
+    }
+
+    #[test]
+    fn parses_timestamps() {
+        assert_eq!(parse_timestamp("1970-01-01 00:00:01").unwrap(), 1000);
+        assert_eq!(parse_timestamp("1970-01-01 01:00:00 +01:00").unwrap(), 0);
+        assert_eq!(parse_timestamp("1970-01-02").unwrap(), 86_400_000);
+        assert!(parse_timestamp("yesterday").is_err());
+    }
+}
