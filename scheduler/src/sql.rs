@@ -34,7 +34,21 @@ pub async fn plan(ctx: &SessionContext, statement: Statement) -> Result<LogicalP
     if let Some(plan) = plan_iceberg_create_table(ctx, &statement).await? {
         return Ok(plan);
     }
-    ctx.state().statement_to_plan(statement).await
+    // Errors of an INSERT name its table.
+    let target = match &statement {
+        Statement::Statement(s) => match s.as_ref() {
+            SqlStatement::Insert(insert) => Some(insert.table.to_string()),
+            _ => None,
+        },
+        _ => None,
+    };
+    ctx.state()
+        .statement_to_plan(statement)
+        .await
+        .map_err(|e| match target {
+            Some(table) => e.context(format!("cannot insert into `{table}`")),
+            None => e,
+        })
 }
 
 /// Parses and plans SQL text that holds exactly one statement.

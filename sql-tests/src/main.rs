@@ -71,7 +71,80 @@ fn suite_files(filter: Option<&str>) -> Vec<PathBuf> {
         }
     }
     files.sort();
+    let derived = derived_suites(&files, filter);
+    files.extend(derived);
     files
+}
+
+/// A suite directory with a `DERIVE` file reuses another suite's files with text
+/// replaced, e.g. the TPC-H queries and reference answers over Iceberg copies of the
+/// tables. `DERIVE` lines: `from = <suite dir>` and `replace = <old> => <new>`. The
+/// derived files are written to a temporary directory and run after the suite's own files.
+fn derived_suites(own: &[PathBuf], filter: Option<&str>) -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("suites");
+    let mut out = vec![];
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return out;
+    };
+    let mut dirs: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+    dirs.sort();
+    for dir in dirs {
+        let Ok(spec) = std::fs::read_to_string(dir.join("DERIVE")) else {
+            continue;
+        };
+        let suite = dir
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .to_string();
+        // Run a derived suite only with its own setup files.
+        if !own.iter().any(|f| f.starts_with(&dir)) {
+            continue;
+        }
+        let mut from = None;
+        let mut replacements = vec![];
+        for line in spec.lines().map(str::trim) {
+            if let Some(v) = line.strip_prefix("from =") {
+                from = Some(root.join(v.trim()));
+            } else if let Some(v) = line.strip_prefix("replace =")
+                && let Some((a, b)) = v.split_once("=>")
+            {
+                replacements.push((a.trim().to_string(), b.trim().to_string()));
+            }
+        }
+        let Some(from) = from else { continue };
+        let target = std::env::temp_dir()
+            .join(format!("basin-sqltest-derived-{}", std::process::id()))
+            .join(&suite);
+        if std::fs::create_dir_all(&target).is_err() {
+            continue;
+        }
+        let _ = std::fs::write(target.join("REFERENCE"), "derived\n");
+        let Ok(sources) = std::fs::read_dir(&from) else {
+            continue;
+        };
+        let mut sources: Vec<PathBuf> = sources
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "slt"))
+            .collect();
+        sources.sort();
+        for source in sources {
+            let Ok(mut text) = std::fs::read_to_string(&source) else {
+                continue;
+            };
+            for (a, b) in &replacements {
+                text = text.replace(a.as_str(), b.as_str());
+            }
+            let path = target.join(source.file_name().unwrap_or_default());
+            if filter.is_none_or(|f| path.to_string_lossy().contains(f) || suite.contains(f))
+                && std::fs::write(&path, text).is_ok()
+            {
+                out.push(path);
+            }
+        }
+    }
+    out
 }
 
 fn is_reference_suite(file: &Path) -> bool {

@@ -1,5 +1,6 @@
 //! Integration tests of the `basin` binary: one test binary for the crate.
 
+mod iceberg;
 mod s3;
 mod shell;
 mod standalone;

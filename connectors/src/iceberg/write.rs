@@ -23,10 +23,9 @@ use datafusion::execution::{SendableRecordBatchStream, SessionState, TaskContext
 use datafusion::logical_expr::{
     Expr, LogicalPlan, UserDefinedLogicalNode, UserDefinedLogicalNodeCore,
 };
-use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_expr::{Distribution, EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::expressions::Column;
-use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, ExecutionPlanProperties, Partitioning,
@@ -200,44 +199,41 @@ impl ExtensionPlanner for IcebergWritePlanner {
                 "IcebergWrite needs one input".to_string(),
             ));
         };
-        let spec = node.spec.metadata.default_partition_spec();
-        let schema = node.spec.metadata.current_schema();
-        let mut input = input.clone();
-        if !spec.is_unpartitioned() {
-            let mut keys: Vec<Arc<dyn PhysicalExpr>> = Vec::new();
-            for field in spec.fields() {
-                if let Some(source) = schema.field_by_id(field.source_id)
-                    && let Ok(index) = input.schema().index_of(&source.name)
-                    && !keys.iter().any(|k| {
-                        k.as_any()
-                            .downcast_ref::<Column>()
-                            .is_some_and(|c| c.index() == index)
-                    })
-                {
-                    keys.push(Arc::new(Column::new(&source.name, index)));
-                }
-            }
-            if !keys.is_empty() {
-                let n = session_state.config().target_partitions().max(1);
-                input = Arc::new(RepartitionExec::try_new(
-                    input,
-                    Partitioning::Hash(keys, n),
-                )?);
-            }
-        }
+        let _ = session_state;
         Ok(Some(Arc::new(IcebergWriteExec::new(
             node.spec.clone(),
-            input,
+            input.clone(),
         ))))
     }
 }
 
-/// Writes its input partitions into data files; outputs one row per file written.
+/// Writes its input partitions into data files; outputs one row per file written. For a
+/// partitioned table it asks for its input hash-partitioned on the partition source
+/// columns, so each table partition is written by one task (few, large files).
 #[derive(Debug)]
 pub struct IcebergWriteExec {
     spec: WriteSpec,
     input: Arc<dyn ExecutionPlan>,
+    keys: Vec<Arc<dyn PhysicalExpr>>,
     properties: Arc<PlanProperties>,
+}
+
+/// The input columns the table's partition spec is computed from.
+fn partition_keys(spec: &WriteSpec, input: &SchemaRef) -> Vec<Arc<dyn PhysicalExpr>> {
+    let partition_spec = spec.metadata.default_partition_spec();
+    let schema = spec.metadata.current_schema();
+    let mut keys: Vec<Arc<dyn PhysicalExpr>> = Vec::new();
+    let mut seen = Vec::new();
+    for field in partition_spec.fields() {
+        if let Some(source) = schema.field_by_id(field.source_id)
+            && let Ok(index) = input.index_of(&source.name)
+            && !seen.contains(&index)
+        {
+            seen.push(index);
+            keys.push(Arc::new(Column::new(&source.name, index)));
+        }
+    }
+    keys
 }
 
 impl IcebergWriteExec {
@@ -248,9 +244,11 @@ impl IcebergWriteExec {
             EmissionType::Final,
             Boundedness::Bounded,
         ));
+        let keys = partition_keys(&spec, &input.schema());
         Self {
             spec,
             input,
+            keys,
             properties,
         }
     }
@@ -296,6 +294,18 @@ impl ExecutionPlan for IcebergWriteExec {
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
         vec![&self.input]
+    }
+
+    fn required_input_distribution(&self) -> Vec<Distribution> {
+        if self.keys.is_empty() {
+            vec![Distribution::UnspecifiedDistribution]
+        } else {
+            vec![Distribution::HashPartitioned(self.keys.clone())]
+        }
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![!self.keys.is_empty()]
     }
 
     fn with_new_children(
@@ -597,6 +607,12 @@ pub async fn commit(
         .iter()
         .map(|f| f.file_path().to_string())
         .collect();
+    // Test hook: die between writing the files and committing them, as a killed statement
+    // would. The table must stay at its old snapshot.
+    if std::env::var_os("BASIN_TEST_KILL_BEFORE_COMMIT").is_some() {
+        tracing::error!(table = %table_name, "BASIN_TEST_KILL_BEFORE_COMMIT is set: aborting before the commit");
+        std::process::abort();
+    }
     let commit_id = spec.write_id.clone();
     let id = ident.clone();
     let written_schema = schema.clone();

@@ -1,0 +1,213 @@
+//! The embedded Iceberg catalog `lake` end to end through `basin standalone`: the seed
+//! walk-through with time travel, partition pruning, bad input, and a statement killed
+//! between its file writes and its commit.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use crate::{scratch_dir, stderr, stdout};
+
+/// Runs `basin standalone --format csv` on a data directory that outlives the call.
+fn lake(data: &Path, sql: &str, envs: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_basin"));
+    cmd.args(["standalone", "--format", "csv", "-e", sql])
+        .env_remove("BASIN_CONFIG")
+        .env("BASIN_DATA_DIR", data);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run basin")
+}
+
+fn ok(data: &Path, sql: &str) -> String {
+    let out = lake(data, sql, &[]);
+    assert!(out.status.success(), "{sql}\n{}", stderr(&out));
+    stdout(&out)
+}
+
+fn err(data: &Path, sql: &str) -> String {
+    let out = lake(data, sql, &[]);
+    assert!(
+        !out.status.success(),
+        "{sql} should fail:\n{}",
+        stdout(&out)
+    );
+    stderr(&out)
+}
+
+#[test]
+fn seed_walk_through_with_time_travel() {
+    let data = scratch_dir("lake-seed");
+    ok(
+        &data,
+        "CREATE SCHEMA lake.shop; \
+         CREATE TABLE lake.shop.orders (id BIGINT, region VARCHAR, amount DECIMAL(10,2)) \
+           WITH (partitioning = ARRAY['region']); \
+         INSERT INTO lake.shop.orders VALUES (1, 'east', 120), (2, 'west', 80)",
+    );
+    // Files A and B, one snapshot.
+    assert_eq!(
+        ok(
+            &data,
+            "SELECT count(*) AS files FROM lake.shop.\"orders$files\""
+        ),
+        "files\n2\n"
+    );
+    assert_eq!(
+        ok(&data, "SELECT sum(amount) AS total FROM lake.shop.orders"),
+        "total\n200.00\n"
+    );
+    // File C.
+    assert_eq!(
+        ok(&data, "INSERT INTO lake.shop.orders VALUES (3, 'east', 50)"),
+        "count\n1\n"
+    );
+    assert_eq!(
+        ok(&data, "SELECT sum(amount) AS total FROM lake.shop.orders"),
+        "total\n250.00\n"
+    );
+    let snapshots = ok(
+        &data,
+        "SELECT snapshot_id FROM lake.shop.\"orders$snapshots\" ORDER BY committed_at",
+    );
+    let ids: Vec<&str> = snapshots.lines().skip(1).collect();
+    assert_eq!(ids.len(), 2, "{snapshots}");
+    assert_eq!(
+        ok(
+            &data,
+            &format!(
+                "SELECT sum(amount) AS total FROM lake.shop.orders FOR VERSION AS OF {}",
+                ids[0]
+            )
+        ),
+        "total\n200.00\n"
+    );
+    // The history and refs agree.
+    let history = ok(
+        &data,
+        "SELECT snapshot_id, is_current_ancestor FROM lake.shop.\"orders$history\"",
+    );
+    assert!(history.contains(&format!("{},true", ids[1])), "{history}");
+    let refs = ok(
+        &data,
+        "SELECT name, type, snapshot_id FROM lake.shop.\"orders$refs\"",
+    );
+    assert_eq!(
+        refs,
+        format!("name,type,snapshot_id\nmain,BRANCH,{}\n", ids[1])
+    );
+    // Before the first snapshot there is nothing to read.
+    let e = err(
+        &data,
+        "SELECT * FROM lake.shop.orders FOR TIMESTAMP AS OF TIMESTAMP '2000-01-01 00:00:00'",
+    );
+    assert!(e.contains("no snapshot at or before 2000-01-01"), "{e}");
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[test]
+fn one_day_filter_prunes_all_other_files() {
+    let data = scratch_dir("lake-prune");
+    ok(
+        &data,
+        "CREATE SCHEMA lake.t; \
+         CREATE TABLE lake.t.lineitem WITH (partitioning = ARRAY['day(l_shipdate)']) \
+           AS SELECT * FROM tpch.tiny.lineitem",
+    );
+    let plan = ok(
+        &data,
+        "EXPLAIN SELECT count(*) FROM lake.t.lineitem WHERE l_shipdate = DATE '1995-06-17'",
+    );
+    let files = plan
+        .split("files=")
+        .nth(1)
+        .and_then(|rest| rest.split(" (").next())
+        .unwrap_or_default()
+        .to_string();
+    let (planned, total) = files.split_once(" of ").expect("files=N of M in EXPLAIN");
+    let planned: u64 = planned.parse().unwrap();
+    let total: u64 = total.parse().unwrap();
+    assert_eq!(planned, 1, "{plan}");
+    assert!(total > 2000, "{plan}");
+    assert_eq!(
+        ok(
+            &data,
+            "SELECT count(*) AS n FROM lake.t.lineitem WHERE l_shipdate = DATE '1995-06-17'"
+        ),
+        ok(
+            &data,
+            "SELECT count(*) AS n FROM tpch.tiny.lineitem WHERE l_shipdate = DATE '1995-06-17'"
+        )
+    );
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[test]
+fn bad_input_names_the_table_and_leaves_it_unchanged() {
+    let data = scratch_dir("lake-bad");
+    ok(
+        &data,
+        "CREATE SCHEMA lake.s; CREATE TABLE lake.s.t (id BIGINT, name VARCHAR); \
+         INSERT INTO lake.s.t VALUES (1, 'a')",
+    );
+    let e = err(&data, "SELECT * FROM lake.nope.t");
+    assert!(e.contains("nope"), "{e}");
+    let e = err(&data, "SELECT * FROM lake.s.nope");
+    assert!(e.contains("nope"), "{e}");
+    let e = err(&data, "INSERT INTO lake.s.t VALUES (1, 'a', 3)");
+    assert!(e.contains("lake.s.t") && e.contains("3 values"), "{e}");
+    let e = err(&data, "INSERT INTO lake.s.t VALUES ('not a number', 'a')");
+    assert!(e.contains("not a number"), "{e}");
+    let e = err(
+        &data,
+        "CREATE TABLE lake.s.u (id BIGINT) WITH (partitioning = ARRAY['zorder(id)'])",
+    );
+    assert!(e.contains("zorder") && e.contains("partitioning"), "{e}");
+    let e = err(
+        &data,
+        "CREATE TABLE lake.s.u (id BIGINT) WITH (partitioning = ARRAY['day(id)'])",
+    );
+    assert!(e.contains("lake.s.u") && e.contains("day"), "{e}");
+    let e = err(
+        &data,
+        "CREATE TABLE lake.s.u (id BIGINT) WITH (colour = 'red')",
+    );
+    assert!(e.contains("colour"), "{e}");
+    // Nothing changed.
+    assert_eq!(
+        ok(
+            &data,
+            "SELECT count(*) AS snapshots FROM lake.s.\"t$snapshots\"; \
+             SELECT count(*) AS n FROM lake.s.t"
+        ),
+        "snapshots\n1\nn\n1\n"
+    );
+    let e = err(&data, "SELECT count(*) FROM lake.s.u");
+    assert!(e.contains("lake.s.u"), "{e}");
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[test]
+fn killed_before_commit_leaves_the_old_snapshot() {
+    let data = scratch_dir("lake-kill");
+    ok(
+        &data,
+        "CREATE SCHEMA lake.s; CREATE TABLE lake.s.t AS SELECT * FROM tpch.tiny.nation",
+    );
+    let before = ok(&data, "SELECT snapshot_id FROM lake.s.\"t$snapshots\"");
+    let out = lake(
+        &data,
+        "INSERT INTO lake.s.t SELECT * FROM tpch.tiny.nation",
+        &[("BASIN_TEST_KILL_BEFORE_COMMIT", "1")],
+    );
+    assert!(
+        !out.status.success(),
+        "the statement should have been killed"
+    );
+    assert_eq!(
+        ok(&data, "SELECT snapshot_id FROM lake.s.\"t$snapshots\""),
+        before
+    );
+    assert_eq!(ok(&data, "SELECT count(*) AS n FROM lake.s.t"), "n\n25\n");
+    let _ = std::fs::remove_dir_all(&data);
+}
