@@ -72,6 +72,59 @@ class Cluster:
                 p.kill()
 
 
+def rest_catalog_env():
+    """The SeaweedFS S3 + Iceberg REST catalog of `.ci/services.sh`, if it runs."""
+    keys = ["BASIN_TEST_ICEBERG_REST_URI", "BASIN_TEST_ICEBERG_WAREHOUSE",
+            "BASIN_TEST_ICEBERG_CREDENTIAL", "BASIN_TEST_S3_ENDPOINT",
+            "BASIN_TEST_S3_ACCESS_KEY", "BASIN_TEST_S3_SECRET_KEY"]
+    if not all(os.environ.get(k) for k in keys):
+        return None
+    return {k: os.environ[k] for k in keys} | {
+        "BASIN_TEST_S3_REGION": os.environ.get("BASIN_TEST_S3_REGION", "us-east-1")}
+
+
+def rest_catalog_toml():
+    e = rest_catalog_env()
+    return f"""[storage.s3]
+endpoint = "{e['BASIN_TEST_S3_ENDPOINT']}"
+region = "{e['BASIN_TEST_S3_REGION']}"
+access_key_id = "{e['BASIN_TEST_S3_ACCESS_KEY']}"
+secret_access_key = "${{env:BASIN_TEST_S3_SECRET_KEY}}"
+path_style = true
+
+[catalogs.rest]
+connector = "iceberg"
+kind = "rest"
+uri = "{e['BASIN_TEST_ICEBERG_REST_URI']}"
+warehouse = "{e['BASIN_TEST_ICEBERG_WAREHOUSE']}"
+credential = "${{env:BASIN_TEST_ICEBERG_CREDENTIAL}}"
+"""
+
+
+@pytest.fixture(scope="session")
+def pyiceberg_catalog():
+    """pyiceberg on the same REST catalog Basin's `rest` catalog uses."""
+    e = rest_catalog_env()
+    if e is None:
+        msg = "no Iceberg REST catalog: run `.ci/services.sh start seaweedfs` and eval its env"
+        if os.environ.get("CI") in ("true", "1"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    from pyiceberg.catalog import load_catalog
+    return load_catalog("rest", **{
+        "type": "rest",
+        "uri": e["BASIN_TEST_ICEBERG_REST_URI"],
+        "warehouse": e["BASIN_TEST_ICEBERG_WAREHOUSE"],
+        "credential": e["BASIN_TEST_ICEBERG_CREDENTIAL"],
+        "oauth2-server-uri": e["BASIN_TEST_ICEBERG_REST_URI"].rstrip("/") + "/v1/oauth/tokens",
+        "s3.endpoint": e["BASIN_TEST_S3_ENDPOINT"],
+        "s3.access-key-id": e["BASIN_TEST_S3_ACCESS_KEY"],
+        "s3.secret-access-key": e["BASIN_TEST_S3_SECRET_KEY"],
+        "s3.region": e["BASIN_TEST_S3_REGION"],
+        "s3.path-style-access": "true",
+    })
+
+
 @pytest.fixture(scope="session")
 def flight_url():
     if os.environ.get("BASIN_FLIGHT_SQL_URL"):
@@ -81,7 +134,13 @@ def flight_url():
     cluster = Cluster(workdir)
     try:
         sched, flight = free_port(), free_port()
-        cluster.spawn("scheduler", "scheduler", "--port", str(sched), "--flight-sql-port", str(flight))
+        config = []
+        if rest_catalog_env():
+            (workdir / "basin.toml").write_text(rest_catalog_toml())
+            config = ["--config", str(workdir / "basin.toml")]
+        cluster.spawn(
+            "scheduler", "scheduler", "--port", str(sched), "--flight-sql-port", str(flight), *config
+        )
         wait_port(sched, cluster.procs)
         for i in range(2):
             cluster.spawn(f"executor-{i}", "executor", "--scheduler", f"127.0.0.1:{sched}", "--task-slots", "2")

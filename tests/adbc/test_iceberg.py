@@ -1,0 +1,153 @@
+"""Iceberg interoperability through the SeaweedFS REST catalog, both directions: pyiceberg
+writes and Basin reads exactly the same rows; Basin writes and pyiceberg reads exactly the
+same rows and schema; both append to one table at once and no commit is lost. Basin is the
+multi-process cluster of conftest.py, reached with the ADBC Flight SQL driver."""
+
+import datetime
+import threading
+import uuid
+
+import adbc_driver_flightsql.dbapi as fs
+import pyarrow as pa
+import pytest
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.expressions import EqualTo
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.transforms import DayTransform, IdentityTransform
+from pyiceberg.types import DoubleType, LongType, NestedField, StringType, TimestampType
+
+
+def sql(url, statement, params=None):
+    with fs.connect(url) as conn, conn.cursor() as cur:
+        cur.execute(statement, parameters=params)
+        return cur.fetch_arrow_table()
+
+
+@pytest.fixture()
+def namespace(pyiceberg_catalog):
+    name = f"it_{uuid.uuid4().hex[:8]}"
+    pyiceberg_catalog.create_namespace(name)
+    yield name
+    for ident in pyiceberg_catalog.list_tables(name):
+        pyiceberg_catalog.drop_table(ident)
+    pyiceberg_catalog.drop_namespace(name)
+
+
+def rows(ids):
+    cities = ["ams", "ber", "cph"]
+    return [
+        {"id": i, "city": cities[i % 3], "amount": i * 1.5,
+         "ts": datetime.datetime(2026, 1, 1 + i % 28, 12, 30)}
+        for i in ids
+    ]
+
+
+def test_pyiceberg_writes_basin_reads(flight_url, pyiceberg_catalog, namespace):
+    schema = Schema(
+        NestedField(1, "id", LongType(), required=False),
+        NestedField(2, "city", StringType(), required=False),
+        NestedField(3, "amount", DoubleType(), required=False),
+        NestedField(4, "ts", TimestampType(), required=False),
+    )
+    spec = PartitionSpec(
+        PartitionField(source_id=2, field_id=1000, transform=IdentityTransform(), name="city"),
+        PartitionField(source_id=4, field_id=1001, transform=DayTransform(), name="ts_day"),
+    )
+    table = pyiceberg_catalog.create_table(f"{namespace}.sales", schema=schema, partition_spec=spec)
+    arrow_schema = table.schema().as_arrow()
+    table.append(pa.Table.from_pylist(rows(range(0, 30)), schema=arrow_schema))
+    table.append(pa.Table.from_pylist(rows(range(30, 60)), schema=arrow_schema))
+    table.delete(delete_filter=EqualTo("city", "ber"))
+    expected = pyiceberg_catalog.load_table(f"{namespace}.sales").scan().to_arrow()
+    expected_rows = sorted(expected.to_pylist(), key=lambda r: r["id"])
+    assert len(expected_rows) == 40
+
+    got = sql(flight_url, f"SELECT id, city, amount, ts FROM rest.{namespace}.sales ORDER BY id")
+    assert got.to_pylist() == expected_rows
+    # Pruning by partition works on pyiceberg's files too.
+    got = sql(flight_url,
+              f"SELECT count(*) AS n FROM rest.{namespace}.sales WHERE city = 'ams' "
+              "AND ts >= TIMESTAMP '2026-01-05 00:00:00'")
+    assert got.column("n").to_pylist() == [
+        sum(1 for r in expected_rows if r["city"] == "ams" and r["ts"] >= datetime.datetime(2026, 1, 5))
+    ]
+    snaps = sql(flight_url, f'SELECT operation FROM rest.{namespace}."sales$snapshots" ORDER BY committed_at')
+    assert snaps.column("operation").to_pylist()[:2] == ["append", "append"]
+
+
+def test_basin_writes_pyiceberg_reads(flight_url, pyiceberg_catalog, namespace):
+    sql(flight_url,
+        f"CREATE TABLE rest.{namespace}.orders WITH (partitioning = ARRAY['month(o_orderdate)']) "
+        "AS SELECT o_orderkey, o_custkey, o_orderstatus, o_totalprice, o_orderdate "
+        "FROM tpch.tiny.orders WHERE o_orderkey < 1000")
+    sql(flight_url,
+        f"INSERT INTO rest.{namespace}.orders SELECT o_orderkey, o_custkey, o_orderstatus, "
+        "o_totalprice, o_orderdate FROM tpch.tiny.orders WHERE o_orderkey >= 1000 AND o_orderkey < 2000")
+    expected = sql(flight_url,
+                   "SELECT o_orderkey, o_custkey, o_orderstatus, o_totalprice, o_orderdate "
+                   "FROM tpch.tiny.orders WHERE o_orderkey < 2000 ORDER BY o_orderkey")
+
+    table = pyiceberg_catalog.load_table(f"{namespace}.orders")
+    assert [f.name for f in table.schema().fields] == [
+        "o_orderkey", "o_custkey", "o_orderstatus", "o_totalprice", "o_orderdate"]
+    assert [str(f.field_type) for f in table.schema().fields] == [
+        "long", "long", "string", "decimal(15, 2)", "date"]
+    assert [str(f.transform) for f in table.spec().fields] == ["month"]
+    assert len(table.snapshots()) == 2
+    got = table.scan().to_arrow().sort_by("o_orderkey")
+    assert got.to_pylist() == expected.to_pylist()
+    # Partition pruning in pyiceberg over Basin's files.
+    got = table.scan(row_filter="o_orderdate >= '1998-01-01'").to_arrow()
+    assert sorted(got.column("o_orderkey").to_pylist()) == [
+        r["o_orderkey"] for r in expected.to_pylist() if r["o_orderdate"] >= datetime.date(1998, 1, 1)]
+
+
+def test_concurrent_appends_lose_nothing(flight_url, pyiceberg_catalog, namespace):
+    sql(flight_url, f"CREATE TABLE rest.{namespace}.events (id BIGINT, source VARCHAR)")
+    table = pyiceberg_catalog.load_table(f"{namespace}.events")
+    arrow_schema = table.schema().as_arrow()
+    rounds = 8
+    errors = []
+
+    def pyiceberg_writer():
+        try:
+            for i in range(rounds):
+                batch = pa.Table.from_pylist(
+                    [{"id": 1000 + i * 10 + k, "source": "pyiceberg"} for k in range(10)],
+                    schema=arrow_schema)
+                for attempt in range(20):
+                    try:
+                        pyiceberg_catalog.load_table(f"{namespace}.events").append(batch)
+                        break
+                    except CommitFailedException:
+                        if attempt == 19:
+                            raise
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    def basin_writer():
+        try:
+            for i in range(rounds):
+                sql(flight_url,
+                    f"INSERT INTO rest.{namespace}.events "
+                    f"SELECT {i * 10} + n_nationkey, 'basin' FROM tpch.tiny.nation WHERE n_nationkey < 10")
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=pyiceberg_writer), threading.Thread(target=basin_writer)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    counts = sql(flight_url,
+                 f"SELECT source, count(*) AS n, count(DISTINCT id) AS d FROM rest.{namespace}.events "
+                 "GROUP BY source ORDER BY source").to_pylist()
+    assert counts == [{"source": "basin", "n": rounds * 10, "d": rounds * 10},
+                      {"source": "pyiceberg", "n": rounds * 10, "d": rounds * 10}]
+    snaps = sql(flight_url,
+                f'SELECT count(*) AS n FROM rest.{namespace}."events$snapshots"').column("n").to_pylist()
+    assert snaps == [2 * rounds]
+    table = pyiceberg_catalog.load_table(f"{namespace}.events")
+    assert len(table.scan().to_arrow()) == 2 * rounds * 10
