@@ -9,8 +9,8 @@ use ballista_core::extension::{SessionConfigExt, SessionStateExt};
 use ballista_core::planner::BallistaQueryPlanner;
 use basin_connectors::catalogs::{register_catalogs, register_functions, runtime_env};
 use basin_connectors::iceberg::{
-    IcebergCommitExec, IcebergCreateTable, IcebergCreateTableExec, IcebergTableProvider,
-    IcebergWriteNode, WriteSpec,
+    IcebergAlterTable, IcebergCommitExec, IcebergCreateTable, IcebergDdl, IcebergDdlExec,
+    IcebergTableProvider, IcebergWriteNode, WriteSpec,
 };
 use basin_core::BasinConfig;
 use datafusion::datasource::{MemTable, source_as_provider};
@@ -159,8 +159,14 @@ impl BasinQueryPlanner {
         match plan {
             LogicalPlan::Extension(ext) => {
                 if let Some(node) = ext.node.as_any().downcast_ref::<IcebergCreateTable>() {
-                    return Ok(Some(Arc::new(IcebergCreateTableExec::new(
-                        node.clone(),
+                    return Ok(Some(Arc::new(IcebergDdlExec::new(
+                        IcebergDdl::CreateTable(Box::new(node.clone())),
+                        state.clone(),
+                    ))));
+                }
+                if let Some(node) = ext.node.as_any().downcast_ref::<IcebergAlterTable>() {
+                    return Ok(Some(Arc::new(IcebergDdlExec::new(
+                        IcebergDdl::AlterTable(node.clone()),
                         state.clone(),
                     ))));
                 }

@@ -10,15 +10,17 @@
 use std::sync::Arc;
 
 use basin_connectors::iceberg::{
-    IcebergCatalogProvider, IcebergCreateTable, TableOptions, TableVersion, VERSION_MARKER,
-    namespace_ident,
+    AlterOp, IcebergAlterTable, IcebergCatalogProvider, IcebergCreateTable, TableOptions,
+    TableVersion, VERSION_MARKER, namespace_ident,
 };
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{DdlStatement, Extension, LogicalPlan};
 use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::{DFParser, Statement};
 use datafusion::sql::planner::object_name_to_table_reference;
-use datafusion::sql::sqlparser::ast::{CreateTableOptions, Statement as SqlStatement};
+use datafusion::sql::sqlparser::ast::{
+    AlterTableOperation, CreateTableOptions, Ident, Statement as SqlStatement,
+};
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::keywords::{Keyword, RESERVED_FOR_TABLE_ALIAS};
 use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
@@ -32,6 +34,9 @@ pub fn parse(sql: &str) -> Result<Vec<Statement>> {
 /// Plans one parsed statement.
 pub async fn plan(ctx: &SessionContext, statement: Statement) -> Result<LogicalPlan> {
     if let Some(plan) = plan_iceberg_create_table(ctx, &statement).await? {
+        return Ok(plan);
+    }
+    if let Some(plan) = plan_iceberg_alter_table(ctx, &statement).await? {
         return Ok(plan);
     }
     // Errors of an INSERT name its table.
@@ -71,7 +76,9 @@ pub fn is_command(plan: &LogicalPlan) -> bool {
         | LogicalPlan::Dml(_)
         | LogicalPlan::Copy(_)
         | LogicalPlan::Statement(_) => true,
-        LogicalPlan::Extension(e) => e.node.as_any().is::<IcebergCreateTable>(),
+        LogicalPlan::Extension(e) => {
+            e.node.as_any().is::<IcebergCreateTable>() || e.node.as_any().is::<IcebergAlterTable>()
+        }
         _ => false,
     }
 }
@@ -146,6 +153,91 @@ async fn plan_iceberg_create_table(
         cmd.if_not_exists,
         cmd.or_replace,
         query,
+    )?;
+    Ok(Some(LogicalPlan::Extension(Extension {
+        node: Arc::new(node),
+    })))
+}
+
+async fn plan_iceberg_alter_table(
+    ctx: &SessionContext,
+    statement: &Statement,
+) -> Result<Option<LogicalPlan>> {
+    let Statement::Statement(inner) = statement else {
+        return Ok(None);
+    };
+    let SqlStatement::AlterTable(alter) = inner.as_ref() else {
+        return Ok(None);
+    };
+    let state = ctx.state();
+    let options = state.config_options();
+    let normalize = options.sql_parser.enable_ident_normalization;
+    let reference = object_name_to_table_reference(alter.name.clone(), normalize)?;
+    let resolved = reference.resolve(
+        &options.catalog.default_catalog,
+        &options.catalog.default_schema,
+    );
+    let Some(catalog) = ctx.catalog(&resolved.catalog) else {
+        return Ok(None);
+    };
+    let Some(iceberg) = catalog.as_any().downcast_ref::<IcebergCatalogProvider>() else {
+        return Ok(None);
+    };
+    let ident_name = |i: &Ident| {
+        if i.quote_style.is_none() && normalize {
+            i.value.to_ascii_lowercase()
+        } else {
+            i.value.clone()
+        }
+    };
+    let mut ops = Vec::new();
+    for op in &alter.operations {
+        match op {
+            AlterTableOperation::AddColumn {
+                if_not_exists,
+                column_def,
+                ..
+            } => {
+                // DataFusion's own type mapping, through a cast.
+                let probe = state
+                    .create_logical_plan(&format!(
+                        "SELECT CAST(NULL AS {}) AS c",
+                        column_def.data_type
+                    ))
+                    .await?;
+                ops.push(AlterOp::AddColumn {
+                    name: ident_name(&column_def.name),
+                    data_type: probe.schema().field(0).data_type().clone(),
+                    if_not_exists: *if_not_exists,
+                });
+            }
+            AlterTableOperation::DropColumn {
+                column_names,
+                if_exists,
+                ..
+            } => {
+                for name in column_names {
+                    ops.push(AlterOp::DropColumn {
+                        name: ident_name(name),
+                        if_exists: *if_exists,
+                    });
+                }
+            }
+            other => {
+                return Err(DataFusionError::NotImplemented(format!(
+                    "ALTER TABLE {} {other}: Basin supports ADD COLUMN and DROP COLUMN on Iceberg \
+                     tables; renaming columns and widening types need iceberg-rust support that \
+                     0.10 does not have",
+                    alter.name
+                )));
+            }
+        }
+    }
+    let node = IcebergAlterTable::new(
+        iceberg.catalog().clone(),
+        namespace_ident(&resolved.schema)?,
+        resolved.table.to_string(),
+        ops,
     )?;
     Ok(Some(LogicalPlan::Extension(Extension {
         node: Arc::new(node),

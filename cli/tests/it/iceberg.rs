@@ -211,3 +211,60 @@ fn killed_before_commit_leaves_the_old_snapshot() {
     assert_eq!(ok(&data, "SELECT count(*) AS n FROM lake.s.t"), "n\n25\n");
     let _ = std::fs::remove_dir_all(&data);
 }
+
+#[test]
+fn schema_evolution_by_field_id() {
+    let data = scratch_dir("lake-alter");
+    ok(
+        &data,
+        "CREATE SCHEMA lake.s; CREATE TABLE lake.s.t (id BIGINT, name VARCHAR); \
+         INSERT INTO lake.s.t VALUES (1, 'a'); \
+         ALTER TABLE lake.s.t ADD COLUMN score DOUBLE; \
+         INSERT INTO lake.s.t VALUES (2, 'b', 2.5); \
+         ALTER TABLE lake.s.t DROP COLUMN name; \
+         ALTER TABLE lake.s.t ADD COLUMN label VARCHAR; \
+         INSERT INTO lake.s.t VALUES (3, 4.5, 'c')",
+    );
+    // Old files have no `score` and no `label`: they read as NULL (matched by field id).
+    assert_eq!(
+        ok(&data, "SELECT id, score, label FROM lake.s.t ORDER BY id"),
+        "id,score,label\n1,,\n2,2.5,\n3,4.5,c\n"
+    );
+    // Re-adding a dropped name would bring old values back in iceberg-rust 0.10: refused.
+    let e = err(&data, "ALTER TABLE lake.s.t ADD COLUMN name VARCHAR");
+    assert!(e.contains("had a column of that name"), "{e}");
+    let e = err(&data, "ALTER TABLE lake.s.t RENAME COLUMN score TO points");
+    assert!(e.contains("ADD COLUMN and DROP COLUMN"), "{e}");
+    let e = err(&data, "ALTER TABLE lake.s.t DROP COLUMN nope");
+    assert!(e.contains("lake.s.t") && e.contains("nope"), "{e}");
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[test]
+fn unreachable_rest_catalog_is_a_clear_error() {
+    let data = scratch_dir("lake-unreachable");
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let config = data.join("basin.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[catalogs.remote]\nconnector = \"iceberg\"\nkind = \"rest\"\n\
+             uri = \"http://127.0.0.1:{port}\"\ncredential = \"id:topsecret\"\n"
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_basin"))
+        .args(["standalone", "--config", config.to_str().unwrap()])
+        .args(["-e", "SELECT * FROM remote.s.t"])
+        .env("BASIN_DATA_DIR", &data)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let e = stderr(&out);
+    assert!(e.contains("remote.s") || e.contains("remote"), "{e}");
+    assert!(!e.contains("topsecret"), "{e}");
+    let _ = std::fs::remove_dir_all(&data);
+}

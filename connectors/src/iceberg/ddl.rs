@@ -28,10 +28,11 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties, collect,
 };
 use datafusion::sql::sqlparser::ast::{Expr as SqlExpr, SqlOption, Value, ValueWithSpan};
-use iceberg::arrow::arrow_schema_to_schema_auto_assign_ids;
+use iceberg::arrow::{arrow_schema_to_schema_auto_assign_ids, arrow_type_to_type};
 use iceberg::spec::{
     FormatVersion, NullOrder, SortDirection, SortField, SortOrder, Transform, UnboundPartitionSpec,
 };
+use iceberg::transaction::{AddColumn, ApplyTransactionAction, Transaction};
 use iceberg::{NamespaceIdent, TableCreation, TableIdent};
 
 use super::catalog::{IcebergCatalog, error_text};
@@ -427,16 +428,32 @@ impl UserDefinedLogicalNodeCore for IcebergCreateTable {
     }
 }
 
-/// Runs an [`IcebergCreateTable`] in the front end.
+/// A DDL statement on an Iceberg catalog.
+#[derive(Debug, Clone)]
+pub enum IcebergDdl {
+    CreateTable(Box<IcebergCreateTable>),
+    AlterTable(IcebergAlterTable),
+}
+
+impl IcebergDdl {
+    fn qualified(&self) -> String {
+        match self {
+            IcebergDdl::CreateTable(n) => n.qualified(),
+            IcebergDdl::AlterTable(n) => n.catalog.qualified(&n.ident),
+        }
+    }
+}
+
+/// Runs Iceberg DDL in the front end.
 #[derive(Debug)]
-pub struct IcebergCreateTableExec {
-    node: IcebergCreateTable,
+pub struct IcebergDdlExec {
+    node: IcebergDdl,
     state: SessionState,
     properties: Arc<PlanProperties>,
 }
 
-impl IcebergCreateTableExec {
-    pub fn new(node: IcebergCreateTable, state: SessionState) -> Self {
+impl IcebergDdlExec {
+    pub fn new(node: IcebergDdl, state: SessionState) -> Self {
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(count_schema()),
             Partitioning::UnknownPartitioning(1),
@@ -451,15 +468,15 @@ impl IcebergCreateTableExec {
     }
 }
 
-impl DisplayAs for IcebergCreateTableExec {
+impl DisplayAs for IcebergDdlExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "IcebergCreateTableExec: table={}", self.node.qualified())
+        write!(f, "IcebergDdlExec: table={}", self.node.qualified())
     }
 }
 
-impl ExecutionPlan for IcebergCreateTableExec {
+impl ExecutionPlan for IcebergDdlExec {
     fn name(&self) -> &str {
-        "IcebergCreateTableExec"
+        "IcebergDdlExec"
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -489,7 +506,10 @@ impl ExecutionPlan for IcebergCreateTableExec {
         let node = self.node.clone();
         let state = self.state.clone();
         let stream = futures::stream::once(async move {
-            let rows = create_table(&node, &state).await?;
+            let rows = match &node {
+                IcebergDdl::CreateTable(n) => create_table(n, &state).await?,
+                IcebergDdl::AlterTable(n) => alter_table(n).await?,
+            };
             let array: ArrayRef = Arc::new(UInt64Array::from(vec![rows]));
             Ok(RecordBatch::try_new(count_schema(), vec![array])?)
         });
@@ -584,4 +604,172 @@ async fn insert(
         .filter_map(|b| b.column(0).as_any().downcast_ref::<UInt64Array>())
         .map(|a| a.iter().flatten().sum::<u64>())
         .sum())
+}
+
+/// One change of `ALTER TABLE`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum AlterOp {
+    AddColumn {
+        name: String,
+        data_type: DataType,
+        if_not_exists: bool,
+    },
+    DropColumn {
+        name: String,
+        if_exists: bool,
+    },
+}
+
+/// `ALTER TABLE ... ADD COLUMN / DROP COLUMN` on an Iceberg table: one schema change, one
+/// commit. Columns are matched by field id, so old files read the new schema correctly.
+#[derive(Debug, Clone)]
+pub struct IcebergAlterTable {
+    pub catalog: Arc<IcebergCatalog>,
+    pub ident: TableIdent,
+    pub ops: Vec<AlterOp>,
+    schema: DFSchemaRef,
+}
+
+impl IcebergAlterTable {
+    pub fn new(
+        catalog: Arc<IcebergCatalog>,
+        namespace: NamespaceIdent,
+        name: String,
+        ops: Vec<AlterOp>,
+    ) -> Result<Self> {
+        Ok(Self {
+            catalog,
+            ident: TableIdent::new(namespace, name),
+            ops,
+            schema: Arc::new(DFSchema::try_from(count_schema().as_ref().clone())?),
+        })
+    }
+}
+
+impl PartialEq for IcebergAlterTable {
+    fn eq(&self, other: &Self) -> bool {
+        self.ident == other.ident && self.ops == other.ops
+    }
+}
+impl Eq for IcebergAlterTable {}
+impl Hash for IcebergAlterTable {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.ident.to_string().hash(state);
+        self.ops.hash(state);
+    }
+}
+impl PartialOrd for IcebergAlterTable {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        self.ident.to_string().partial_cmp(&other.ident.to_string())
+    }
+}
+
+impl UserDefinedLogicalNodeCore for IcebergAlterTable {
+    fn name(&self) -> &str {
+        "IcebergAlterTable"
+    }
+
+    fn inputs(&self) -> Vec<&LogicalPlan> {
+        vec![]
+    }
+
+    fn schema(&self) -> &DFSchemaRef {
+        &self.schema
+    }
+
+    fn expressions(&self) -> Vec<Expr> {
+        vec![]
+    }
+
+    fn fmt_for_explain(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "IcebergAlterTable: table={}, changes={:?}",
+            self.catalog.qualified(&self.ident),
+            self.ops
+        )
+    }
+
+    fn with_exprs_and_inputs(&self, _exprs: Vec<Expr>, _inputs: Vec<LogicalPlan>) -> Result<Self> {
+        Ok(self.clone())
+    }
+}
+
+async fn alter_table(node: &IcebergAlterTable) -> Result<u64> {
+    let catalog = node.catalog.clone();
+    let table_name = catalog.qualified(&node.ident);
+    let table = catalog.load_table(&node.ident).await?;
+    let schema = table.metadata().current_schema().clone();
+    let spec = table.metadata().default_partition_spec().clone();
+    let tx = Transaction::new(&table);
+    let mut action = tx.update_schema();
+    let mut changed = false;
+    for op in &node.ops {
+        match op {
+            AlterOp::AddColumn {
+                name,
+                data_type,
+                if_not_exists,
+            } => {
+                if schema.field_by_name(name).is_some() {
+                    if *if_not_exists {
+                        continue;
+                    }
+                    return Err(DataFusionError::Plan(format!(
+                        "table `{table_name}` already has a column `{name}`"
+                    )));
+                }
+                // iceberg-rust 0.10's reader matches a re-added column to the old column of
+                // the same name and type in old files (its schema comparison ignores field
+                // ids), which would bring dropped values back. Refuse rather than mislead.
+                if table
+                    .metadata()
+                    .schemas_iter()
+                    .any(|s| s.field_by_name(name).is_some())
+                {
+                    return Err(DataFusionError::NotImplemented(format!(
+                        "cannot add column `{name}` to `{table_name}`: the table had a column of \
+                         that name before; pick another name"
+                    )));
+                }
+                let field = iceberg_compatible(&Field::new(name, data_type.clone(), true), true);
+                let ty = arrow_type_to_type(field.data_type()).map_err(|e| {
+                    DataFusionError::Plan(format!(
+                        "cannot add column `{name}` to `{table_name}`: {}",
+                        error_text(&e)
+                    ))
+                })?;
+                action = action.add_column(AddColumn::optional(name, ty));
+                changed = true;
+            }
+            AlterOp::DropColumn { name, if_exists } => {
+                let Some(field) = schema.field_by_name(name) else {
+                    if *if_exists {
+                        continue;
+                    }
+                    return Err(DataFusionError::Plan(format!(
+                        "table `{table_name}` has no column `{name}`"
+                    )));
+                };
+                if spec.fields().iter().any(|p| p.source_id == field.id) {
+                    return Err(DataFusionError::Plan(format!(
+                        "cannot drop column `{name}` of `{table_name}`: the table is partitioned by it"
+                    )));
+                }
+                action = action.delete_column(name);
+                changed = true;
+            }
+        }
+    }
+    if !changed {
+        return Ok(0);
+    }
+    let tx = action.apply(tx).map_err(|e| {
+        DataFusionError::Plan(format!("cannot alter `{table_name}`: {}", error_text(&e)))
+    })?;
+    catalog
+        .call(move |c| async move { tx.commit(c.as_ref()).await.map(|_| ()) })
+        .await
+        .map_err(|e| catalog.table_error(&node.ident, "cannot alter", &e))?;
+    Ok(0)
 }

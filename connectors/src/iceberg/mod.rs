@@ -19,7 +19,10 @@ pub use catalog::{
     DEFAULT_SPLIT_SIZE, DEFAULT_TARGET_FILE_SIZE, IcebergCatalog, IcebergCatalogProvider,
     IcebergOptions, IcebergSchemaProvider, TableName, VERSION_MARKER, error_text, namespace_ident,
 };
-pub use ddl::{IcebergCreateTable, IcebergCreateTableExec, TableOptions, parse_partition_field};
+pub use ddl::{
+    AlterOp, IcebergAlterTable, IcebergCreateTable, IcebergDdl, IcebergDdlExec, TableOptions,
+    parse_partition_field,
+};
 pub use metadata_tables::MetadataTableKind;
 pub use scan::{IcebergScanExec, ScanPlanStats, ScanSpec};
 pub use storage::{BasinStorage, BasinStorageFactory};
