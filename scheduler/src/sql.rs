@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use basin_connectors::iceberg::{
     AlterOp, IcebergAlterTable, IcebergCatalogProvider, IcebergCreateTable, TableOptions,
-    TableVersion, VERSION_MARKER, namespace_ident,
+    TableVersion, VERSION_MARKER, create_table_text, namespace_ident,
 };
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{DdlStatement, Extension, LogicalPlan};
@@ -37,6 +37,9 @@ pub async fn plan(ctx: &SessionContext, statement: Statement) -> Result<LogicalP
         return Ok(plan);
     }
     if let Some(plan) = plan_iceberg_alter_table(ctx, &statement).await? {
+        return Ok(plan);
+    }
+    if let Some(plan) = plan_show(ctx, &statement).await? {
         return Ok(plan);
     }
     // Errors of an INSERT name its table.
@@ -157,6 +160,85 @@ async fn plan_iceberg_create_table(
     Ok(Some(LogicalPlan::Extension(Extension {
         node: Arc::new(node),
     })))
+}
+
+/// `SHOW SCHEMAS [FROM catalog]` (DataFusion has no plan for it) and `SHOW CREATE TABLE` of
+/// Iceberg tables (their DDL, with the `WITH (...)` properties).
+async fn plan_show(ctx: &SessionContext, statement: &Statement) -> Result<Option<LogicalPlan>> {
+    let Statement::Statement(inner) = statement else {
+        return Ok(None);
+    };
+    let state = ctx.state();
+    let options = state.config_options().clone();
+    match inner.as_ref() {
+        SqlStatement::ShowSchemas { show_options, .. } => {
+            let catalog = match show_options
+                .show_in
+                .as_ref()
+                .and_then(|i| i.parent_name.as_ref())
+            {
+                Some(name) => object_name_to_table_reference(
+                    name.clone(),
+                    options.sql_parser.enable_ident_normalization,
+                )?
+                .table()
+                .to_string(),
+                None => options.catalog.default_catalog.clone(),
+            };
+            if ctx.catalog(&catalog).is_none() {
+                return Err(DataFusionError::Plan(format!(
+                    "catalog `{catalog}` not found; SHOW CATALOGS lists the catalogs"
+                )));
+            }
+            let sql = format!(
+                "SELECT schema_name AS \"Schema\" FROM information_schema.schemata \
+                 WHERE catalog_name = '{}' ORDER BY schema_name",
+                catalog.replace('\'', "''")
+            );
+            Ok(Some(state.create_logical_plan(&sql).await?))
+        }
+        SqlStatement::ShowCreate { obj_type, obj_name }
+            if *obj_type == datafusion::sql::sqlparser::ast::ShowCreateObject::Table =>
+        {
+            let reference = object_name_to_table_reference(
+                obj_name.clone(),
+                options.sql_parser.enable_ident_normalization,
+            )?;
+            let resolved = reference.resolve(
+                &options.catalog.default_catalog,
+                &options.catalog.default_schema,
+            );
+            let Some(catalog) = ctx.catalog(&resolved.catalog) else {
+                return Ok(None);
+            };
+            let Some(iceberg) = catalog.as_any().downcast_ref::<IcebergCatalogProvider>() else {
+                return Ok(None);
+            };
+            let ident = basin_connectors::iceberg::table_ident(
+                namespace_ident(&resolved.schema)?,
+                resolved.table.to_string(),
+            );
+            let table = iceberg.catalog().load_table(&ident).await?;
+            let qualified = iceberg.catalog().qualified(&ident);
+            let text = create_table_text(&qualified, &table);
+            let literal = |s: &str| datafusion::logical_expr::lit(s.to_string());
+            let plan = datafusion::logical_expr::LogicalPlanBuilder::values(vec![vec![
+                literal(&resolved.catalog),
+                literal(&resolved.schema),
+                literal(&resolved.table),
+                literal(&text),
+            ]])?
+            .project(vec![
+                datafusion::prelude::col("column1").alias("table_catalog"),
+                datafusion::prelude::col("column2").alias("table_schema"),
+                datafusion::prelude::col("column3").alias("table_name"),
+                datafusion::prelude::col("column4").alias("definition"),
+            ])?
+            .build()?;
+            Ok(Some(plan))
+        }
+        _ => Ok(None),
+    }
 }
 
 async fn plan_iceberg_alter_table(

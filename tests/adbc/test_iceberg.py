@@ -151,3 +151,26 @@ def test_concurrent_appends_lose_nothing(flight_url, pyiceberg_catalog, namespac
     assert snaps == [2 * rounds]
     table = pyiceberg_catalog.load_table(f"{namespace}.events")
     assert len(table.scan().to_arrow()) == 2 * rounds * 10
+
+
+def test_s3_access_denied_names_the_table(pyiceberg_catalog, namespace, tmp_path):
+    """A catalog whose S3 secret is wrong: the REST catalog answers, S3 refuses. The error
+    names the table and the cause; the secret appears nowhere; the table is unchanged."""
+    import os
+    import subprocess
+    from conftest import basin_binary, rest_catalog_toml
+
+    schema = Schema(NestedField(1, "id", LongType(), required=False))
+    table = pyiceberg_catalog.create_table(f"{namespace}.guarded", schema=schema)
+    table.append(pa.Table.from_pylist([{"id": 1}], schema=table.schema().as_arrow()))
+    config = tmp_path / "basin.toml"
+    config.write_text(rest_catalog_toml())
+    env = dict(os.environ, BASIN_TEST_S3_SECRET_KEY="wrong-secret-value", BASIN_DATA_DIR=str(tmp_path))
+    for statement in (f"SELECT * FROM rest.{namespace}.guarded",
+                      f"INSERT INTO rest.{namespace}.guarded VALUES (2)"):
+        out = subprocess.run([basin_binary(), "standalone", "--config", str(config), "-e", statement],
+                             capture_output=True, text=True, env=env, timeout=120)
+        assert out.returncode != 0, out.stdout
+        assert f"{namespace}.guarded" in out.stderr, out.stderr
+        assert "wrong-secret-value" not in out.stderr + out.stdout
+    assert len(pyiceberg_catalog.load_table(f"{namespace}.guarded").snapshots()) == 1

@@ -96,6 +96,12 @@ fn seed_walk_through_with_time_travel() {
         refs,
         format!("name,type,snapshot_id\nmain,BRANCH,{}\n", ids[1])
     );
+    let ddl = ok(&data, "SHOW CREATE TABLE lake.shop.orders");
+    assert!(
+        ddl.contains("amount\"\" DECIMAL(10, 2)") && ddl.contains("partitioning = ARRAY['region']"),
+        "{ddl}"
+    );
+    assert!(ok(&data, "SHOW SCHEMAS FROM lake").contains("shop"));
     // Before the first snapshot there is nothing to read.
     let e = err(
         &data,

@@ -773,3 +773,98 @@ async fn alter_table(node: &IcebergAlterTable) -> Result<u64> {
         .map_err(|e| catalog.table_error(&node.ident, "cannot alter", &e))?;
     Ok(0)
 }
+
+/// `SHOW CREATE TABLE` for an Iceberg table, in Trino's form.
+pub fn create_table_text(qualified: &str, table: &iceberg::table::Table) -> String {
+    use iceberg::spec::{PrimitiveType, Type};
+    let m = table.metadata();
+    let schema = m.current_schema();
+    let sql_type = |t: &Type| -> String {
+        match t {
+            Type::Primitive(p) => match p {
+                PrimitiveType::Boolean => "BOOLEAN".into(),
+                PrimitiveType::Int => "INTEGER".into(),
+                PrimitiveType::Long => "BIGINT".into(),
+                PrimitiveType::Float => "REAL".into(),
+                PrimitiveType::Double => "DOUBLE".into(),
+                PrimitiveType::Decimal { precision, scale } => {
+                    format!("DECIMAL({precision}, {scale})")
+                }
+                PrimitiveType::Date => "DATE".into(),
+                PrimitiveType::Time => "TIME(6)".into(),
+                PrimitiveType::Timestamp => "TIMESTAMP(6)".into(),
+                PrimitiveType::Timestamptz => "TIMESTAMP(6) WITH TIME ZONE".into(),
+                PrimitiveType::TimestampNs => "TIMESTAMP(9)".into(),
+                PrimitiveType::TimestamptzNs => "TIMESTAMP(9) WITH TIME ZONE".into(),
+                PrimitiveType::String => "VARCHAR".into(),
+                PrimitiveType::Uuid => "UUID".into(),
+                PrimitiveType::Fixed(_) | PrimitiveType::Binary => "VARBINARY".into(),
+            },
+            other => other.to_string(),
+        }
+    };
+    let columns: Vec<String> = schema
+        .as_struct()
+        .fields()
+        .iter()
+        .map(|f| {
+            format!(
+                "   \"{}\" {}{}",
+                f.name.replace('"', "\"\""),
+                sql_type(&f.field_type),
+                if f.required { " NOT NULL" } else { "" }
+            )
+        })
+        .collect();
+    let mut props = vec![
+        "   format = 'PARQUET'".to_string(),
+        format!("   format_version = {}", m.format_version() as u8),
+        format!("   location = '{}'", m.location().replace('\'', "''")),
+    ];
+    let spec = m.default_partition_spec();
+    if !spec.is_unpartitioned() {
+        let fields: Vec<String> = spec
+            .fields()
+            .iter()
+            .map(|p| {
+                let column = schema
+                    .field_by_id(p.source_id)
+                    .map(|f| f.name.clone())
+                    .unwrap_or_else(|| format!("#{}", p.source_id));
+                let text = match p.transform {
+                    Transform::Identity => column,
+                    Transform::Bucket(n) => format!("bucket({column}, {n})"),
+                    Transform::Truncate(w) => format!("truncate({column}, {w})"),
+                    other => format!("{other}({column})"),
+                };
+                format!("'{}'", text.replace('\'', "''"))
+            })
+            .collect();
+        props.push(format!("   partitioning = ARRAY[{}]", fields.join(", ")));
+    }
+    let order = m.default_sort_order();
+    if !order.is_unsorted() {
+        let fields: Vec<String> = order
+            .fields
+            .iter()
+            .filter_map(|f| schema.field_by_id(f.source_id).map(|c| (c, f)))
+            .map(|(c, f)| {
+                let dir = match f.direction {
+                    SortDirection::Ascending => "ASC",
+                    SortDirection::Descending => "DESC",
+                };
+                let nulls = match f.null_order {
+                    NullOrder::First => "NULLS FIRST",
+                    NullOrder::Last => "NULLS LAST",
+                };
+                format!("'{} {dir} {nulls}'", c.name.replace('\'', "''"))
+            })
+            .collect();
+        props.push(format!("   sorted_by = ARRAY[{}]", fields.join(", ")));
+    }
+    format!(
+        "CREATE TABLE {qualified} (\n{}\n)\nWITH (\n{}\n)",
+        columns.join(",\n"),
+        props.join(",\n")
+    )
+}

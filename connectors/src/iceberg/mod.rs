@@ -21,7 +21,7 @@ pub use catalog::{
 };
 pub use ddl::{
     AlterOp, IcebergAlterTable, IcebergCreateTable, IcebergDdl, IcebergDdlExec, TableOptions,
-    parse_partition_field,
+    create_table_text, parse_partition_field,
 };
 pub use metadata_tables::MetadataTableKind;
 pub use scan::{IcebergScanExec, ScanPlanStats, ScanSpec};
@@ -31,3 +31,8 @@ pub use write::{
     COMMIT_ID_PROPERTY, IcebergCommitExec, IcebergWriteExec, IcebergWriteNode, IcebergWritePlanner,
     WriteSpec,
 };
+
+/// A table identifier (so front ends need not depend on iceberg-rust).
+pub fn table_ident(namespace: ::iceberg::NamespaceIdent, name: String) -> ::iceberg::TableIdent {
+    ::iceberg::TableIdent::new(namespace, name)
+}
