@@ -98,6 +98,7 @@ impl IcebergCatalog {
             let catalog: Arc<dyn Catalog> = match kind {
                 IcebergCatalogKind::Rest => Arc::new(
                     RestCatalogBuilder::default()
+                        .with_client(rest_client()?)
                         .with_storage_factory(factory)
                         .with_runtime(runtime)
                         .load(catalog_name, props)
@@ -209,6 +210,21 @@ impl IcebergCatalog {
             _ => DataFusionError::Execution(format!("{action} table `{table}`: {}", error_text(e))),
         }
     }
+}
+
+/// The REST catalog's HTTP client: a catalog that stops answering fails the statement after a
+/// while instead of hanging it (reqwest's default has no timeout).
+fn rest_client() -> iceberg::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .connect_timeout(std::time::Duration::from_secs(10))
+        .timeout(std::time::Duration::from_secs(120))
+        .build()
+        .map_err(|e| {
+            iceberg::Error::new(
+                iceberg::ErrorKind::Unexpected,
+                format!("cannot build the REST catalog's HTTP client: {e}"),
+            )
+        })
 }
 
 /// Waits for `fut` on `handle` from any thread, also from inside another runtime.
