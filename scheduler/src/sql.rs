@@ -10,16 +10,18 @@
 use std::sync::Arc;
 
 use basin_connectors::iceberg::{
-    AlterOp, IcebergAlterTable, IcebergCatalogProvider, IcebergCreateTable, TableOptions,
-    TableVersion, VERSION_MARKER, create_table_text, namespace_ident,
+    AlterOp, IcebergAlterTable, IcebergCatalog, IcebergCatalogProvider, IcebergCreateTable,
+    TableOptions, TableVersion, VERSION_MARKER, create_table_text, namespace_ident,
 };
+use datafusion::catalog::CatalogProvider;
+use datafusion::common::ResolvedTableReference;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{DdlStatement, Extension, LogicalPlan};
 use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::{DFParser, Statement};
 use datafusion::sql::planner::object_name_to_table_reference;
 use datafusion::sql::sqlparser::ast::{
-    AlterTableOperation, CreateTableOptions, Ident, Statement as SqlStatement,
+    AlterTableOperation, CreateTableOptions, Ident, ObjectName, Statement as SqlStatement,
 };
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::keywords::{Keyword, RESERVED_FOR_TABLE_ALIAS};
@@ -86,6 +88,39 @@ pub fn is_command(plan: &LogicalPlan) -> bool {
     }
 }
 
+/// A resolved table name, its catalog, and that catalog as an Iceberg catalog.
+type IcebergTarget = (
+    ResolvedTableReference,
+    Arc<dyn CatalogProvider>,
+    Arc<IcebergCatalog>,
+);
+
+/// Resolves a table name against the session's defaults; `Some` when its catalog is an
+/// Iceberg catalog.
+fn iceberg_table(ctx: &SessionContext, name: &ObjectName) -> Result<Option<IcebergTarget>> {
+    let state = ctx.state();
+    let options = state.config_options();
+    let resolved = object_name_to_table_reference(
+        name.clone(),
+        options.sql_parser.enable_ident_normalization,
+    )?
+    .resolve(
+        &options.catalog.default_catalog,
+        &options.catalog.default_schema,
+    );
+    let Some(catalog) = ctx.catalog(&resolved.catalog) else {
+        return Ok(None);
+    };
+    let Some(iceberg) = catalog
+        .as_any()
+        .downcast_ref::<IcebergCatalogProvider>()
+        .map(|p| p.catalog().clone())
+    else {
+        return Ok(None);
+    };
+    Ok(Some((resolved, catalog, iceberg)))
+}
+
 async fn plan_iceberg_create_table(
     ctx: &SessionContext,
     statement: &Statement,
@@ -96,22 +131,10 @@ async fn plan_iceberg_create_table(
     let SqlStatement::CreateTable(create) = inner.as_ref() else {
         return Ok(None);
     };
+    let Some((resolved, catalog, iceberg)) = iceberg_table(ctx, &create.name)? else {
+        return Ok(None);
+    };
     let state = ctx.state();
-    let options = state.config_options();
-    let reference = object_name_to_table_reference(
-        create.name.clone(),
-        options.sql_parser.enable_ident_normalization,
-    )?;
-    let resolved = reference.resolve(
-        &options.catalog.default_catalog,
-        &options.catalog.default_schema,
-    );
-    let Some(catalog) = ctx.catalog(&resolved.catalog) else {
-        return Ok(None);
-    };
-    let Some(iceberg) = catalog.as_any().downcast_ref::<IcebergCatalogProvider>() else {
-        return Ok(None);
-    };
     let table_options = match &create.table_options {
         CreateTableOptions::None => TableOptions::default(),
         CreateTableOptions::With(options) => TableOptions::from_sql(options)?,
@@ -148,7 +171,7 @@ async fn plan_iceberg_create_table(
     }
     let query = create.query.is_some().then(|| cmd.input.as_ref().clone());
     let node = IcebergCreateTable::new(
-        iceberg.catalog().clone(),
+        iceberg,
         namespace_ident(&resolved.schema)?,
         resolved.table.to_string(),
         Arc::clone(cmd.input.schema().inner()),
@@ -200,26 +223,15 @@ async fn plan_show(ctx: &SessionContext, statement: &Statement) -> Result<Option
         SqlStatement::ShowCreate { obj_type, obj_name }
             if *obj_type == datafusion::sql::sqlparser::ast::ShowCreateObject::Table =>
         {
-            let reference = object_name_to_table_reference(
-                obj_name.clone(),
-                options.sql_parser.enable_ident_normalization,
-            )?;
-            let resolved = reference.resolve(
-                &options.catalog.default_catalog,
-                &options.catalog.default_schema,
-            );
-            let Some(catalog) = ctx.catalog(&resolved.catalog) else {
-                return Ok(None);
-            };
-            let Some(iceberg) = catalog.as_any().downcast_ref::<IcebergCatalogProvider>() else {
+            let Some((resolved, _, iceberg)) = iceberg_table(ctx, obj_name)? else {
                 return Ok(None);
             };
             let ident = basin_connectors::iceberg::table_ident(
                 namespace_ident(&resolved.schema)?,
                 resolved.table.to_string(),
             );
-            let table = iceberg.catalog().load_table(&ident).await?;
-            let qualified = iceberg.catalog().qualified(&ident);
+            let table = iceberg.load_table(&ident).await?;
+            let qualified = iceberg.qualified(&ident);
             let text = create_table_text(&qualified, &table);
             let literal = |s: &str| datafusion::logical_expr::lit(s.to_string());
             let plan = datafusion::logical_expr::LogicalPlanBuilder::values(vec![vec![
@@ -251,20 +263,11 @@ async fn plan_iceberg_alter_table(
     let SqlStatement::AlterTable(alter) = inner.as_ref() else {
         return Ok(None);
     };
+    let Some((resolved, _, iceberg)) = iceberg_table(ctx, &alter.name)? else {
+        return Ok(None);
+    };
     let state = ctx.state();
-    let options = state.config_options();
-    let normalize = options.sql_parser.enable_ident_normalization;
-    let reference = object_name_to_table_reference(alter.name.clone(), normalize)?;
-    let resolved = reference.resolve(
-        &options.catalog.default_catalog,
-        &options.catalog.default_schema,
-    );
-    let Some(catalog) = ctx.catalog(&resolved.catalog) else {
-        return Ok(None);
-    };
-    let Some(iceberg) = catalog.as_any().downcast_ref::<IcebergCatalogProvider>() else {
-        return Ok(None);
-    };
+    let normalize = state.config_options().sql_parser.enable_ident_normalization;
     let ident_name = |i: &Ident| {
         if i.quote_style.is_none() && normalize {
             i.value.to_ascii_lowercase()
@@ -316,7 +319,7 @@ async fn plan_iceberg_alter_table(
         }
     }
     let node = IcebergAlterTable::new(
-        iceberg.catalog().clone(),
+        iceberg,
         namespace_ident(&resolved.schema)?,
         resolved.table.to_string(),
         ops,

@@ -37,6 +37,7 @@ use iceberg::{NamespaceIdent, TableCreation, TableIdent};
 
 use super::catalog::{IcebergCatalog, error_text};
 use super::table::IcebergTableProvider;
+use super::write::count_schema;
 
 /// Table properties from `WITH (...)`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
@@ -231,14 +232,6 @@ pub struct IcebergCreateTable {
     pub or_replace: bool,
     pub query: Option<LogicalPlan>,
     schema: DFSchemaRef,
-}
-
-fn count_schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![Field::new(
-        "count",
-        DataType::UInt64,
-        false,
-    )]))
 }
 
 impl IcebergCreateTable {

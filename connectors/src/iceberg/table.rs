@@ -163,6 +163,20 @@ impl IcebergTableSpec {
             .map_err(|e| DataFusionError::Plan(format!("bad table name: {e}")))
     }
 
+    /// The Iceberg schema of the version read: the snapshot's for time travel, else the
+    /// current one.
+    pub fn version_schema(&self) -> Result<iceberg::spec::SchemaRef> {
+        match self
+            .snapshot_id
+            .and_then(|id| self.metadata.snapshot_by_id(id))
+        {
+            Some(snapshot) if self.time_travel => snapshot
+                .schema(&self.metadata)
+                .map_err(|e| DataFusionError::Execution(error_text(&e))),
+            _ => Ok(self.metadata.current_schema().clone()),
+        }
+    }
+
     /// Rebuilds an iceberg-rust table (read-only, no catalog) in the current runtime.
     pub fn table(&self) -> Result<Table> {
         let file_io = FileIOBuilder::new(Arc::new(BasinStorageFactory))
@@ -191,15 +205,7 @@ impl IcebergTableSpec {
 
     /// The Arrow schema of the version read.
     pub fn arrow_schema(&self) -> Result<SchemaRef> {
-        let schema = match self
-            .snapshot_id
-            .and_then(|id| self.metadata.snapshot_by_id(id))
-        {
-            Some(snapshot) if self.time_travel => snapshot
-                .schema(&self.metadata)
-                .map_err(|e| DataFusionError::Execution(error_text(&e)))?,
-            _ => self.metadata.current_schema().clone(),
-        };
+        let schema = self.version_schema()?;
         let arrow = schema_to_arrow_schema(&schema).map_err(|e| {
             DataFusionError::Plan(format!(
                 "table `{}` has a column type Basin cannot read yet: {}",
@@ -360,7 +366,7 @@ impl IcebergTableProvider {
             snapshot_id: self.spec.snapshot_id,
             columns,
             read_no_columns,
-            schema_json: serde_json::to_string(&self.read_schema()?)
+            schema_json: serde_json::to_string(&self.spec.version_schema()?)
                 .map_err(|e| DataFusionError::Internal(e.to_string()))?,
             output_fields: output_schema
                 .fields()
@@ -376,22 +382,6 @@ impl IcebergTableProvider {
             limit,
             stats,
         })
-    }
-
-    /// The iceberg schema of the version read.
-    fn read_schema(&self) -> Result<iceberg::spec::SchemaRef> {
-        Ok(
-            match self
-                .spec
-                .snapshot_id
-                .and_then(|id| self.spec.metadata.snapshot_by_id(id))
-            {
-                Some(snapshot) if self.spec.time_travel => snapshot
-                    .schema(&self.spec.metadata)
-                    .map_err(|e| DataFusionError::Execution(error_text(&e)))?,
-                _ => self.spec.metadata.current_schema().clone(),
-            },
-        )
     }
 }
 

@@ -461,7 +461,8 @@ pub struct IcebergCommitExec {
     properties: Arc<PlanProperties>,
 }
 
-fn count_schema() -> SchemaRef {
+/// The result of a DML or DDL statement: DataFusion's `count` column.
+pub(super) fn count_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![Field::new(
         "count",
         DataType::UInt64,
