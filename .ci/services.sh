@@ -20,6 +20,13 @@
 #                BASIN_TEST_S3_BUCKET BASIN_TEST_S3_REGION
 #                BASIN_TEST_ICEBERG_REST_URI BASIN_TEST_ICEBERG_WAREHOUSE
 #                BASIN_TEST_ICEBERG_CREDENTIAL   (OAuth2 client credentials "key:secret")
+#   postgres   PostgreSQL from Debian's packages (initdb in a temp dir, random port, run as the
+#              `postgres` user when started by root), every statement logged, pg_stat_statements
+#              loaded. Exports BASIN_TEST_PG_URL (database `basin`, user `basin`, trust auth)
+#              and BASIN_TEST_PG_LOG (the server log, for tests asserting on received SQL).
+#   mariadb    MariaDB from Debian's packages (mariadb-install-db in a temp dir, random port),
+#              general query log on. Exports BASIN_TEST_MYSQL_URL (database `basin`, user
+#              `basin`) and BASIN_TEST_MYSQL_LOG (the general log).
 #
 # Environment knobs:
 #   BASIN_SERVICES_DIR            state/data root (default /tmp/basin-services)
@@ -396,13 +403,128 @@ sw_status() {
   return 1
 }
 
+# ---------------------------------------------------------------- postgres, mariadb
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# db_running NAME MARKER: true when the service's recorded pid is alive.
+db_running() {
+  [[ -f "$STATE_DIR/$1.state" ]] || return 1
+  read_state "$STATE_DIR/$1.state"
+  pid_is "$SF_PID" "$2"
+}
+
+pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1; }
+
+pg_start() {
+  if db_running postgres "$STATE_DIR/postgres."; then
+    log "postgres already running (pid $SF_PID)"
+    return 0
+  fi
+  local bin run port as=() t0 pid i
+  bin="$(pg_bin)"
+  [[ -n "$bin" && -x "$bin/postgres" ]] || die "PostgreSQL is not installed (apt-get install postgresql)"
+  t0="$(now)"
+  mkdir -p "$STATE_DIR"
+  run="$(mktemp -d "$STATE_DIR/postgres.XXXXXX")"
+  chmod 755 "$STATE_DIR" "$run"
+  if [[ "$(id -u)" == 0 ]]; then
+    chown postgres "$run"
+    as=(runuser -u postgres --)
+  fi
+  "${as[@]}" "$bin/initdb" -D "$run/data" -U basin --auth=trust -E UTF8 --locale=C.UTF-8 >"$run/initdb.log" 2>&1 ||
+    die "initdb failed (log: $run/initdb.log)"
+  port="$(free_port)"
+  setsid "${as[@]}" "$bin/postgres" -D "$run/data" -p "$port" -k "$run" \
+    -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off \
+    -c max_connections=200 -c shared_buffers=256MB -c log_statement=all \
+    -c log_line_prefix='%m [%p] ' \
+    -c shared_preload_libraries=pg_stat_statements >"$run/postgres.log" 2>&1 </dev/null &
+  pid=$!
+  for ((i = 0; i < 300; i++)); do
+    "$bin/pg_isready" -q -h 127.0.0.1 -p "$port" && break
+    kill -0 "$pid" 2>/dev/null || die "postgres exited (log: $run/postgres.log)"
+    sleep 0.1
+  done
+  "$bin/pg_isready" -q -h 127.0.0.1 -p "$port" || die "postgres did not become ready (log: $run/postgres.log)"
+  psql -q -h 127.0.0.1 -p "$port" -U basin -d postgres -c "CREATE DATABASE basin" >/dev/null
+  psql -q -h 127.0.0.1 -p "$port" -U basin -d basin -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" >/dev/null
+  printf 'PID=%s\nRUN_DIR=%s\nLOG=%s\n' "$pid" "$run" "$run/postgres.log" >"$STATE_DIR/postgres.state"
+  {
+    echo "export BASIN_TEST_PG_URL=postgres://basin@127.0.0.1:$port/basin"
+    echo "export BASIN_TEST_PG_LOG=$run/postgres.log"
+  } >"$STATE_DIR/postgres.env"
+  log "postgres ready in $(elapsed "$t0")s (pid $pid, port $port, data $run/data)"
+}
+
+maria_start() {
+  if db_running mariadb "$STATE_DIR/mariadb."; then
+    log "mariadb already running (pid $SF_PID)"
+    return 0
+  fi
+  local run port t0 pid i bin=/usr/sbin/mariadbd
+  command -v mariadbd >/dev/null && bin="$(command -v mariadbd)"
+  [[ -x "$bin" ]] || die "MariaDB is not installed (apt-get install mariadb-server)"
+  t0="$(now)"
+  mkdir -p "$STATE_DIR"
+  run="$(mktemp -d "$STATE_DIR/mariadb.XXXXXX")"
+  mariadb-install-db --no-defaults --datadir="$run/data" --user="$(id -un)" \
+    --auth-root-authentication-method=normal --skip-test-db >"$run/install.log" 2>&1 ||
+    die "mariadb-install-db failed (log: $run/install.log)"
+  port="$(free_port)"
+  setsid "$bin" --no-defaults --datadir="$run/data" --socket="$run/mysqld.sock" --port="$port" \
+    --bind-address=127.0.0.1 --user="$(id -un)" --pid-file="$run/mariadb.pid" \
+    --general-log=1 --general-log-file="$run/general.log" --log-error="$run/error.log" \
+    --innodb-buffer-pool-size=256M --innodb-flush-log-at-trx-commit=0 --skip-log-bin \
+    --max-connections=200 >"$run/stdout.log" 2>&1 </dev/null &
+  pid=$!
+  for ((i = 0; i < 300; i++)); do
+    mariadb -S "$run/mysqld.sock" -u root -e "SELECT 1" >/dev/null 2>&1 && break
+    kill -0 "$pid" 2>/dev/null || die "mariadbd exited (log: $run/error.log)"
+    sleep 0.1
+  done
+  mariadb -S "$run/mysqld.sock" -u root -e "CREATE DATABASE IF NOT EXISTS basin;
+    CREATE USER IF NOT EXISTS 'basin'@'127.0.0.1' IDENTIFIED BY 'basin';
+    GRANT ALL ON *.* TO 'basin'@'127.0.0.1'; FLUSH PRIVILEGES;" ||
+    die "mariadb did not become ready (log: $run/error.log)"
+  printf 'PID=%s\nRUN_DIR=%s\nLOG=%s\n' "$pid" "$run" "$run/error.log" >"$STATE_DIR/mariadb.state"
+  {
+    echo "export BASIN_TEST_MYSQL_URL=mysql://basin:basin@127.0.0.1:$port/basin"
+    echo "export BASIN_TEST_MYSQL_LOG=$run/general.log"
+  } >"$STATE_DIR/mariadb.env"
+  log "mariadb ready in $(elapsed "$t0")s (pid $pid, port $port, data $run/data)"
+}
+
+# db_stop NAME MARKER
+db_stop() {
+  [[ -f "$STATE_DIR/$1.state" ]] || return 0
+  read_state "$STATE_DIR/$1.state"
+  terminate "$SF_PID" "$2" || return 1
+  if [[ -z "${BASIN_SERVICES_KEEP:-}" && -n "$SF_RUN_DIR" && "$SF_RUN_DIR" == "$STATE_DIR"/* ]]; then
+    rm -rf "$SF_RUN_DIR"
+  fi
+  rm -f "$STATE_DIR/$1.state" "$STATE_DIR/$1.env"
+  log "$1 stopped"
+}
+
+db_status() {
+  if db_running "$1" "$STATE_DIR/$1."; then
+    echo "$1: running (pid $SF_PID, log $SF_LOG)"
+    return 0
+  fi
+  echo "$1: not running"
+  return 1
+}
+
 # ---------------------------------------------------------------- main
 
-SERVICES=(seaweedfs)
+SERVICES=(seaweedfs postgres mariadb)
 
 canon() {
   case "$1" in
     seaweedfs | s3 | weed) echo seaweedfs ;;
+    postgres | postgresql | pg) echo postgres ;;
+    mariadb | mysql) echo mariadb ;;
     *) die "unknown service '$1' (known: ${SERVICES[*]})" ;;
   esac
 }
@@ -415,6 +537,8 @@ case "$cmd" in
     for s in "$@"; do
       case "$(canon "$s")" in
         seaweedfs) sw_start ;;
+        postgres) pg_start ;;
+        mariadb) maria_start ;;
       esac
     done
     cat "$STATE_DIR"/*.env 2>/dev/null || true
@@ -423,6 +547,8 @@ case "$cmd" in
     [[ $# -eq 0 ]] || die "stop takes no arguments (it stops everything this script started)"
     rc=0
     sw_stop || rc=1
+    db_stop postgres "$STATE_DIR/postgres." || rc=1
+    db_stop mariadb "$STATE_DIR/mariadb." || rc=1
     if ((rc)); then die "some processes could not be stopped"; fi
     rmdir "$STATE_DIR" 2>/dev/null || true
     ;;
@@ -432,6 +558,8 @@ case "$cmd" in
   status)
     rc=0
     sw_status || rc=1
+    db_status postgres || rc=1
+    db_status mariadb || rc=1
     exit $rc
     ;;
   -h | --help | help)

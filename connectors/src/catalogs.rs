@@ -11,10 +11,14 @@ use datafusion::prelude::SessionContext;
 
 use crate::files::{BasinObjectStoreRegistry, FileKind, ReadFilesFunction};
 use crate::iceberg::{IcebergCatalog, IcebergCatalogProvider};
+use crate::remote::{RemoteCatalogProvider, register_sources, source};
 use crate::tpch::{DEFAULT_ROWS_PER_PARTITION, TpchCatalogProvider, TpchOptions};
 
 /// A runtime environment whose object stores come from the configuration.
 pub fn runtime_env(config: &BasinConfig) -> Result<Arc<RuntimeEnv>> {
+    // Every process that builds a runtime (front end, scheduler, executors) knows the
+    // database sources by catalog name: plans name them, they never carry credentials.
+    register_sources(config)?;
     let registry = Arc::new(BasinObjectStoreRegistry::new(config.storage.s3.clone()));
     RuntimeEnvBuilder::new()
         .with_object_store_registry(registry)
@@ -42,6 +46,10 @@ pub fn register_catalogs(
             CatalogConfig::Iceberg(options) => {
                 let catalog = shared_iceberg_catalog(name, options, config)?;
                 ctx.register_catalog(name, Arc::new(IcebergCatalogProvider::new(catalog)));
+            }
+            CatalogConfig::Postgres(_) | CatalogConfig::Mysql(_) => {
+                register_sources(config)?;
+                ctx.register_catalog(name, Arc::new(RemoteCatalogProvider::new(source(name)?)));
             }
         }
         tracing::debug!(catalog = %name, connector = catalog.connector(), "registered catalog");

@@ -27,6 +27,7 @@ use crate::iceberg::{
     IcebergScanExec, IcebergTableProvider, IcebergTableSpec, IcebergWriteExec, IcebergWriteNode,
     ScanSpec, WriteSpec,
 };
+use crate::remote::{RemoteQuery, RemoteQueryTable, RemoteScanExec, RemoteScanSpec};
 use crate::tpch::{TpchOptions, TpchScanExec, TpchScanSpec, TpchTable, TpchTableProvider};
 
 const MAGIC: &[u8] = b"BASIN";
@@ -42,6 +43,8 @@ enum Kind {
     IcebergWrite = 5,
     IcebergScan = 6,
     IcebergWriteExec = 7,
+    RemoteQueryTable = 8,
+    RemoteScan = 9,
 }
 
 fn encode_json<T: Serialize>(kind: Kind, value: &T, buf: &mut Vec<u8>) -> Result<()> {
@@ -184,6 +187,10 @@ impl LogicalExtensionCodec for BasinLogicalCodec {
                 let spec: IcebergTableSpec = decode_json(payload)?;
                 Ok(Arc::new(IcebergTableProvider::from_spec(spec)?))
             }
+            Some((k, payload)) if k == Kind::RemoteQueryTable as u8 => {
+                let query: RemoteQuery = decode_json(payload)?;
+                Ok(Arc::new(RemoteQueryTable::new(query, schema)))
+            }
             Some((k, _)) => Err(DataFusionError::Internal(format!(
                 "unknown Basin table provider kind {k} for {table_ref}"
             ))),
@@ -217,6 +224,9 @@ impl LogicalExtensionCodec for BasinLogicalCodec {
         }
         if let Some(t) = node.as_any().downcast_ref::<IcebergTableProvider>() {
             return encode_json(Kind::IcebergTable, t.spec(), buf);
+        }
+        if let Some(t) = node.as_any().downcast_ref::<RemoteQueryTable>() {
+            return encode_json(Kind::RemoteQueryTable, t.query(), buf);
         }
         self.inner.try_encode_table_provider(table_ref, node, buf)
     }
@@ -260,6 +270,10 @@ impl PhysicalExtensionCodec for BasinPhysicalCodec {
                 let spec: ScanSpec = decode_json(payload)?;
                 Ok(Arc::new(IcebergScanExec::try_new(spec)?))
             }
+            Some((k, payload)) if k == Kind::RemoteScan as u8 => {
+                let spec: RemoteScanSpec = decode_json(payload)?;
+                Ok(Arc::new(RemoteScanExec::try_new(spec)?))
+            }
             Some((k, payload)) if k == Kind::IcebergWriteExec as u8 => {
                 let spec: WriteSpec = decode_json(payload)?;
                 let input = inputs.first().cloned().ok_or_else(|| {
@@ -283,6 +297,9 @@ impl PhysicalExtensionCodec for BasinPhysicalCodec {
         }
         if let Some(write) = node.as_any().downcast_ref::<IcebergWriteExec>() {
             return encode_json(Kind::IcebergWriteExec, write.spec(), buf);
+        }
+        if let Some(scan) = node.as_any().downcast_ref::<RemoteScanExec>() {
+            return encode_json(Kind::RemoteScan, scan.spec(), buf);
         }
         self.inner.try_encode(node, buf)
     }

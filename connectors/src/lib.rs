@@ -5,6 +5,7 @@
 //!   tpch   : generated TPC-H data             (TpchScanExec on executors)
 //!   files  : local and S3 files, read_*()     (DataFusion listing tables)
 //!   iceberg: Iceberg REST/SQL catalogs        (IcebergScanExec, IcebergWriteExec)
+//!   remote : PostgreSQL, MySQL/MariaDB        (pushdown rule, RemoteScanExec)
 //!   codec  : BasinLogicalCodec / BasinPhysicalCodec (client → scheduler → executors)
 //! ```
 
@@ -12,4 +13,5 @@ pub mod catalogs;
 pub mod codec;
 pub mod files;
 pub mod iceberg;
+pub mod remote;
 pub mod tpch;

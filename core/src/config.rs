@@ -154,6 +154,11 @@ pub enum CatalogConfig {
     Tpch(TpchCatalogConfig),
     /// An Apache Iceberg catalog (REST or SQL).
     Iceberg(Box<IcebergCatalogConfig>),
+    /// A PostgreSQL database, queried in place.
+    Postgres(Box<SqlSourceConfig>),
+    /// A MySQL or MariaDB server, queried in place.
+    #[serde(alias = "mariadb")]
+    Mysql(Box<SqlSourceConfig>),
 }
 
 impl CatalogConfig {
@@ -162,8 +167,69 @@ impl CatalogConfig {
         match self {
             CatalogConfig::Tpch(_) => "tpch",
             CatalogConfig::Iceberg(_) => "iceberg",
+            CatalogConfig::Postgres(_) => "postgres",
+            CatalogConfig::Mysql(_) => "mysql",
         }
     }
+}
+
+/// How a connection to a database source is encrypted (libpq's `sslmode` names).
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "kebab-case")]
+pub enum TlsMode {
+    /// Plain TCP.
+    Disable,
+    /// TLS when the server offers it (default).
+    #[default]
+    Prefer,
+    /// TLS or fail; the certificate is not checked.
+    Require,
+    /// TLS with a certificate signed by a trusted CA.
+    VerifyCa,
+    /// TLS with a trusted certificate for the host name.
+    VerifyFull,
+}
+
+/// Options of a `connector = "postgres"` or `connector = "mysql"` catalog: a database
+/// queried in place. Give `url`, or the separate fields (which override the URL's parts).
+///
+/// ```toml
+/// [catalogs.pg]
+/// connector = "postgres"
+/// url = "postgres://basin@db.internal:5432/shop"
+/// password = "${env:PG_PASSWORD}"
+/// tls = "require"
+/// max_concurrent_queries = 4   # protects the production database
+/// ```
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SqlSourceConfig {
+    /// `postgres://user:password@host:port/database` or `mysql://...`.
+    #[serde(default)]
+    pub url: Option<Secret>,
+    #[serde(default, deserialize_with = "env_string_opt")]
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    #[serde(default, deserialize_with = "env_string_opt")]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub password: Option<Secret>,
+    /// The database (PostgreSQL) or the default schema (MySQL).
+    #[serde(default, deserialize_with = "env_string_opt")]
+    pub database: Option<String>,
+    /// `disable`, `prefer` (default), `require`, `verify-ca` or `verify-full`.
+    #[serde(default)]
+    pub tls: TlsMode,
+    /// Connections kept open per Basin process (default 8).
+    pub pool_size: Option<u32>,
+    /// Remote queries run at once per Basin process (default 4); the rest wait.
+    pub max_concurrent_queries: Option<usize>,
+    /// How long discovered schemas, tables and columns are cached (default 60 s).
+    pub metadata_ttl_secs: Option<u64>,
+    /// Table bytes per parallel read split (default 64 MiB).
+    pub split_size_bytes: Option<u64>,
+    /// Most splits of one table scan (default: 4 per task slot of the cluster).
+    pub max_splits: Option<usize>,
 }
 
 /// Options of a `connector = "tpch"` catalog.
@@ -302,6 +368,15 @@ impl BasinConfig {
             {
                 return Err(format!(
                     "catalog `{name}`: kind = \"rest\" needs `uri`, the catalog's base URL"
+                ));
+            }
+            if let CatalogConfig::Postgres(c) | CatalogConfig::Mysql(c) = catalog
+                && c.url.is_none()
+                && c.host.is_none()
+            {
+                return Err(format!(
+                    "catalog `{name}`: give `url` (e.g. {}://user@host/db) or `host`",
+                    catalog.connector()
                 ));
             }
         }
@@ -501,6 +576,28 @@ mod tests {
             .to_string();
         assert!(err.contains("BASIN_TEST_SURELY_UNSET"), "{err}");
         assert!(err.contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn database_sources() {
+        let c = parse(
+            "[catalogs.pg]\nconnector = \"postgres\"\nhost = \"db\"\ntls = \"verify-full\"\n\
+             [catalogs.my]\nconnector = \"mariadb\"\nurl = \"mysql://u:pw@h/d\"\n",
+        )
+        .unwrap();
+        let Some(CatalogConfig::Postgres(pg)) = c.catalogs.get("pg") else {
+            panic!("pg is not postgres")
+        };
+        assert_eq!(pg.tls, TlsMode::VerifyFull);
+        assert!(matches!(
+            c.catalogs.get("my"),
+            Some(CatalogConfig::Mysql(_))
+        ));
+        assert!(!format!("{c:?}").contains("pw"));
+        let err = parse("[catalogs.pg]\nconnector = \"postgres\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`url`") && err.contains("pg"), "{err}");
     }
 
     #[test]

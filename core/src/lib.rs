@@ -16,7 +16,7 @@ pub mod secret;
 
 pub use config::{
     BasinConfig, CatalogConfig, FlightSqlConfig, IcebergCatalogConfig, IcebergCatalogKind,
-    S3Config, ServerConfig, StorageConfig,
+    S3Config, ServerConfig, SqlSourceConfig, StorageConfig, TlsMode,
 };
 pub use error::{BasinError, Result};
 pub use secret::Secret;

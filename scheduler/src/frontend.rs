@@ -12,6 +12,7 @@ use basin_connectors::iceberg::{
     IcebergAlterTable, IcebergCommitExec, IcebergCreateTable, IcebergDdl, IcebergDdlExec,
     IcebergTableProvider, IcebergWriteNode, WriteSpec,
 };
+use basin_connectors::remote::RemotePushdown;
 use basin_core::BasinConfig;
 use datafusion::datasource::{MemTable, source_as_provider};
 use datafusion::error::DataFusionError;
@@ -51,6 +52,7 @@ pub fn connect(
     let planner = BasinQueryPlanner::new(scheduler_url, &state);
     let state = SessionStateBuilder::new_from_existing(state)
         .with_query_planner(Arc::new(planner))
+        .with_optimizer_rule(Arc::new(RemotePushdown))
         .build();
     let ctx = SessionContext::new_with_state(state);
     register_catalogs(&ctx, config, partitions)?;

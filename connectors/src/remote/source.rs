@@ -1,0 +1,360 @@
+//! A configured database source: its dialect, connection pool, limits and the process-wide
+//! registry that executors use to find it by catalog name (so connection secrets never
+//! travel inside plans).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use basin_core::{BasinConfig, CatalogConfig, SqlSourceConfig, TlsMode};
+use datafusion::error::{DataFusionError, Result};
+use serde::{Deserialize, Serialize};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlSslMode};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgSslMode};
+use tokio::sync::Semaphore;
+
+/// The SQL dialect (and wire protocol) of a source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Dialect {
+    Postgres,
+    MySql,
+}
+
+impl Dialect {
+    pub fn name(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "postgres",
+            Dialect::MySql => "mysql",
+        }
+    }
+}
+
+/// What a connector may push into its source. Anything not allowed here runs in Basin.
+#[derive(Debug, Clone, Copy)]
+pub struct Capabilities {
+    pub filters: bool,
+    pub aggregates: bool,
+    pub joins: bool,
+    pub limit: bool,
+    pub top_n: bool,
+    /// `CAST` expressions (MySQL's CAST targets differ from DataFusion's type names).
+    pub casts: bool,
+    /// `/` with DataFusion's semantics (MySQL's `/` of integers gives a decimal).
+    pub division: bool,
+    /// `NULLS FIRST/LAST` in ORDER BY.
+    pub nulls_ordering: bool,
+    /// PostgreSQL `ctid` page-range splits (or integer key ranges for MySQL).
+    pub splits: bool,
+}
+
+impl Capabilities {
+    pub fn of(dialect: Dialect) -> Self {
+        match dialect {
+            Dialect::Postgres => Self {
+                filters: true,
+                aggregates: true,
+                joins: true,
+                limit: true,
+                top_n: true,
+                casts: true,
+                division: true,
+                nulls_ordering: true,
+                splits: true,
+            },
+            Dialect::MySql => Self {
+                filters: true,
+                aggregates: true,
+                joins: true,
+                limit: true,
+                top_n: true,
+                casts: false,
+                division: false,
+                nulls_ordering: false,
+                splits: true,
+            },
+        }
+    }
+}
+
+/// Connection pool of one source.
+#[derive(Clone)]
+pub enum Pool {
+    Postgres(PgPool),
+    MySql(MySqlPool),
+}
+
+/// A configured PostgreSQL or MySQL/MariaDB source.
+pub struct RemoteSource {
+    pub name: String,
+    pub dialect: Dialect,
+    pub config: SqlSourceConfig,
+    pool: Pool,
+    /// Limits the remote queries this process runs at once.
+    pub permits: Arc<Semaphore>,
+}
+
+impl fmt::Debug for RemoteSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RemoteSource")
+            .field("name", &self.name)
+            .field("dialect", &self.dialect)
+            .finish_non_exhaustive()
+    }
+}
+
+pub const DEFAULT_POOL_SIZE: u32 = 8;
+pub const DEFAULT_MAX_CONCURRENT_QUERIES: usize = 4;
+pub const DEFAULT_SPLIT_SIZE_BYTES: u64 = 64 << 20;
+
+impl RemoteSource {
+    /// Creates the source and its (lazily connecting) pool. Must run inside [`runtime`].
+    fn new(name: &str, dialect: Dialect, config: &SqlSourceConfig) -> Result<Self> {
+        let pool_size = config.pool_size.unwrap_or(DEFAULT_POOL_SIZE).max(1);
+        let acquire = Duration::from_secs(30);
+        let pool = match dialect {
+            Dialect::Postgres => {
+                let options = pg_options(name, config)?;
+                Pool::Postgres(
+                    PgPoolOptions::new()
+                        .max_connections(pool_size)
+                        .acquire_timeout(acquire)
+                        .idle_timeout(Duration::from_secs(300))
+                        .connect_lazy_with(options),
+                )
+            }
+            Dialect::MySql => {
+                let options = mysql_options(name, config)?;
+                Pool::MySql(
+                    MySqlPoolOptions::new()
+                        .max_connections(pool_size)
+                        .acquire_timeout(acquire)
+                        .idle_timeout(Duration::from_secs(300))
+                        .connect_lazy_with(options),
+                )
+            }
+        };
+        let permits = config
+            .max_concurrent_queries
+            .unwrap_or(DEFAULT_MAX_CONCURRENT_QUERIES)
+            .max(1);
+        Ok(Self {
+            name: name.to_string(),
+            dialect,
+            config: config.clone(),
+            pool,
+            permits: Arc::new(Semaphore::new(permits)),
+        })
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    pub fn capabilities(&self) -> Capabilities {
+        Capabilities::of(self.dialect)
+    }
+
+    pub fn metadata_ttl(&self) -> Duration {
+        Duration::from_secs(self.config.metadata_ttl_secs.unwrap_or(60))
+    }
+
+    pub fn split_size_bytes(&self) -> u64 {
+        self.config
+            .split_size_bytes
+            .unwrap_or(DEFAULT_SPLIT_SIZE_BYTES)
+            .max(1 << 20)
+    }
+
+    /// Turns a driver error into one that names the source and never shows a secret.
+    pub fn error(&self, what: &str, e: impl fmt::Display) -> DataFusionError {
+        let mut text = format!(
+            "{} source `{}`: {what}: {e}",
+            self.dialect.name(),
+            self.name
+        );
+        for secret in [&self.config.password, &self.config.url]
+            .into_iter()
+            .flatten()
+        {
+            text = secret.redact_in(&text);
+        }
+        DataFusionError::External(text.into())
+    }
+
+    /// Runs `fut` on the connector runtime and waits for it from async code.
+    pub async fn call<T, Fut>(&self, fut: Fut) -> Result<T>
+    where
+        T: Send + 'static,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+    {
+        match runtime().spawn(fut).await {
+            Ok(r) => r,
+            Err(e) => Err(DataFusionError::Execution(format!(
+                "source `{}`: task failed: {e}",
+                self.name
+            ))),
+        }
+    }
+
+    /// Runs `fut` on the connector runtime and blocks until it is done (for DataFusion's
+    /// synchronous catalog calls).
+    pub fn call_blocking<T, Fut>(&self, fut: Fut) -> Result<T>
+    where
+        T: Send + 'static,
+        Fut: Future<Output = Result<T>> + Send + 'static,
+    {
+        let (tx, rx) = std::sync::mpsc::channel();
+        runtime().spawn(async move {
+            let _ = tx.send(fut.await);
+        });
+        rx.recv().map_err(|_| {
+            DataFusionError::Execution(format!("source `{}`: connector stopped", self.name))
+        })?
+    }
+}
+
+fn pg_options(name: &str, c: &SqlSourceConfig) -> Result<PgConnectOptions> {
+    let mut o = match &c.url {
+        Some(url) => PgConnectOptions::from_str(url.expose()).map_err(|e| {
+            DataFusionError::Configuration(format!(
+                "catalog `{name}`: `url` is not a PostgreSQL URL: {}",
+                url.redact_in(&e.to_string())
+            ))
+        })?,
+        None => PgConnectOptions::new_without_pgpass(),
+    };
+    if let Some(h) = &c.host {
+        o = o.host(h);
+    }
+    if let Some(p) = c.port {
+        o = o.port(p);
+    }
+    if let Some(u) = &c.user {
+        o = o.username(u);
+    }
+    if let Some(p) = &c.password {
+        o = o.password(p.expose());
+    }
+    if let Some(d) = &c.database {
+        o = o.database(d);
+    }
+    let ssl = match c.tls {
+        TlsMode::Disable => PgSslMode::Disable,
+        TlsMode::Prefer => PgSslMode::Prefer,
+        TlsMode::Require => PgSslMode::Require,
+        TlsMode::VerifyCa => PgSslMode::VerifyCa,
+        TlsMode::VerifyFull => PgSslMode::VerifyFull,
+    };
+    Ok(o.ssl_mode(ssl)
+        .application_name("basin")
+        .statement_cache_capacity(0)
+        // Literals are rendered for these settings (see `sql::render`).
+        .options([
+            ("standard_conforming_strings", "on"),
+            ("client_encoding", "UTF8"),
+            ("DateStyle", "ISO"),
+            ("TimeZone", "UTC"),
+            ("IntervalStyle", "postgres"),
+            ("extra_float_digits", "3"),
+        ]))
+}
+
+fn mysql_options(name: &str, c: &SqlSourceConfig) -> Result<MySqlConnectOptions> {
+    let mut o = match &c.url {
+        Some(url) => MySqlConnectOptions::from_str(url.expose()).map_err(|e| {
+            DataFusionError::Configuration(format!(
+                "catalog `{name}`: `url` is not a MySQL URL: {}",
+                url.redact_in(&e.to_string())
+            ))
+        })?,
+        None => MySqlConnectOptions::new(),
+    };
+    if let Some(h) = &c.host {
+        o = o.host(h);
+    }
+    if let Some(p) = c.port {
+        o = o.port(p);
+    }
+    if let Some(u) = &c.user {
+        o = o.username(u);
+    }
+    if let Some(p) = &c.password {
+        o = o.password(p.expose());
+    }
+    if let Some(d) = &c.database {
+        o = o.database(d);
+    }
+    let ssl = match c.tls {
+        TlsMode::Disable => MySqlSslMode::Disabled,
+        TlsMode::Prefer => MySqlSslMode::Preferred,
+        TlsMode::Require => MySqlSslMode::Required,
+        TlsMode::VerifyCa => MySqlSslMode::VerifyCa,
+        TlsMode::VerifyFull => MySqlSslMode::VerifyIdentity,
+    };
+    Ok(o.ssl_mode(ssl)
+        .charset("utf8mb4")
+        .timezone(Some("+00:00".to_string()))
+        .statement_cache_capacity(0))
+}
+
+/// The runtime all remote I/O runs on: pools and their sockets live here, whatever runtime
+/// DataFusion or Ballista calls from.
+pub fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("basin-remote")
+            .enable_all()
+            .build()
+            .expect("start the connector runtime")
+    })
+}
+
+type Registry = Mutex<HashMap<String, Arc<RemoteSource>>>;
+
+fn registry() -> &'static Registry {
+    static SOURCES: OnceLock<Registry> = OnceLock::new();
+    SOURCES.get_or_init(Default::default)
+}
+
+/// Creates (or keeps) the sources of every `postgres`/`mysql` catalog in `config`.
+pub fn register_sources(config: &BasinConfig) -> Result<()> {
+    for (name, catalog) in &config.catalogs {
+        let (dialect, options) = match catalog {
+            CatalogConfig::Postgres(c) => (Dialect::Postgres, c),
+            CatalogConfig::Mysql(c) => (Dialect::MySql, c),
+            _ => continue,
+        };
+        let mut sources = registry()
+            .lock()
+            .map_err(|_| DataFusionError::Internal("source registry poisoned".into()))?;
+        if let Some(s) = sources.get(name)
+            && s.dialect == dialect
+            && &s.config == options.as_ref()
+        {
+            continue;
+        }
+        let _guard = runtime().enter();
+        let source = Arc::new(RemoteSource::new(name, dialect, options)?);
+        sources.insert(name.clone(), source);
+    }
+    Ok(())
+}
+
+/// The source named `name` in this process's configuration.
+pub fn source(name: &str) -> Result<Arc<RemoteSource>> {
+    registry()
+        .lock()
+        .map_err(|_| DataFusionError::Internal("source registry poisoned".into()))?
+        .get(name)
+        .cloned()
+        .ok_or_else(|| {
+            DataFusionError::Configuration(format!(
+                "catalog `{name}` is not configured in this Basin process; the scheduler and \
+                 every executor need the same [catalogs.{name}] in basin.toml"
+            ))
+        })
+}

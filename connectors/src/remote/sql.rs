@@ -1,0 +1,181 @@
+//! Rendering of pushed-down SQL: DataFusion's unparser builds the statement; Basin then
+//! renders every string literal itself, because the unparser's quoting is not safe
+//! (sqlparser leaves a quote after a backslash unescaped, so `x\' OR 1=1 --` breaks out of
+//! its literal). Identifiers are always quoted, and plans whose names contain a quote
+//! character or a backslash are never pushed (see `pushdown::safe_name`).
+
+use std::ops::ControlFlow;
+
+use datafusion::error::{DataFusionError, Result};
+use datafusion::sql::sqlparser::ast::{
+    Expr as SqlExpr, ObjectName, ObjectNamePart, Statement, Value, VisitMut, VisitorMut,
+};
+
+use super::source::Dialect;
+
+/// A rendered SQL text whose string literals are still placeholders.
+pub struct Rendered {
+    text: String,
+    literals: Vec<(String, String)>,
+}
+
+struct LiteralCollector {
+    prefix: String,
+    literals: Vec<(String, String)>,
+    error: Option<String>,
+}
+
+impl VisitorMut for LiteralCollector {
+    type Break = ();
+
+    fn pre_visit_value(&mut self, value: &mut Value) -> ControlFlow<()> {
+        match value {
+            Value::SingleQuotedString(s) => {
+                let token = format!("{}{}__", self.prefix, self.literals.len());
+                self.literals.push((token.clone(), std::mem::take(s)));
+                *value = Value::Placeholder(token);
+                ControlFlow::Continue(())
+            }
+            Value::Number(_, _) | Value::Boolean(_) | Value::Null => ControlFlow::Continue(()),
+            other => {
+                self.error = Some(format!("literal form not pushed: {other}"));
+                ControlFlow::Break(())
+            }
+        }
+    }
+}
+
+struct CatalogStripper<'a> {
+    catalog: &'a str,
+}
+
+impl VisitorMut for CatalogStripper<'_> {
+    type Break = ();
+
+    fn pre_visit_relation(&mut self, relation: &mut ObjectName) -> ControlFlow<()> {
+        if relation.0.len() == 3
+            && let ObjectNamePart::Identifier(first) = &relation.0[0]
+            && first.value == self.catalog
+        {
+            relation.0.remove(0);
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+/// Drops Basin's catalog name from table references (`pg.public.t` → `public.t`) and takes
+/// the string literals out of `stmt`.
+pub fn prepare(stmt: &mut Statement, catalog: &str) -> Result<Rendered> {
+    let _ = stmt.visit(&mut CatalogStripper { catalog });
+    collect(stmt, |s| s.to_string())
+}
+
+/// Same as [`prepare`] for a lone expression.
+pub fn prepare_expr(expr: &mut SqlExpr) -> Result<Rendered> {
+    collect(expr, |e| e.to_string())
+}
+
+fn collect<T: VisitMut>(node: &mut T, show: impl Fn(&T) -> String) -> Result<Rendered> {
+    let mut collector = LiteralCollector {
+        prefix: format!("$basin_{}_", uuid::Uuid::new_v4().simple()),
+        literals: vec![],
+        error: None,
+    };
+    let _ = node.visit(&mut collector);
+    if let Some(e) = collector.error {
+        return Err(DataFusionError::NotImplemented(e));
+    }
+    Ok(Rendered {
+        text: show(node),
+        literals: collector.literals,
+    })
+}
+
+impl Rendered {
+    /// The final SQL for `dialect`, literals escaped for it.
+    pub fn finish(self, dialect: Dialect) -> Result<String> {
+        let mut text = self.text;
+        // Replace the longest tokens first so that `…_1__` never matches inside `…_11__`.
+        // (Tokens end with `__`, which makes them prefix-free already.)
+        for (token, value) in self.literals {
+            let literal = quote_literal(&value, dialect)?;
+            if !text.contains(&token) {
+                return Err(DataFusionError::Internal(
+                    "pushed-down literal lost while rendering".into(),
+                ));
+            }
+            text = text.replacen(&token, &literal, 1);
+        }
+        Ok(text)
+    }
+}
+
+/// A string literal that means exactly `value` in `dialect`, whatever the server's settings.
+///
+/// - PostgreSQL: an escape string `E'…'` with `\` and `'` escaped (valid with or without
+///   `standard_conforming_strings`). NUL cannot be in a PostgreSQL string: refused, so the
+///   predicate runs in Basin.
+/// - MySQL/MariaDB: a hexadecimal literal with a character set introducer,
+///   `_utf8mb4 X'…'`: no quoting at all, whatever `sql_mode` says about backslashes.
+pub fn quote_literal(value: &str, dialect: Dialect) -> Result<String> {
+    match dialect {
+        Dialect::Postgres => {
+            if value.contains('\0') {
+                return Err(DataFusionError::NotImplemented(
+                    "PostgreSQL strings cannot contain NUL".into(),
+                ));
+            }
+            let mut out = String::with_capacity(value.len() + 3);
+            out.push_str("E'");
+            for c in value.chars() {
+                match c {
+                    '\\' => out.push_str("\\\\"),
+                    '\'' => out.push_str("''"),
+                    c => out.push(c),
+                }
+            }
+            out.push('\'');
+            Ok(out)
+        }
+        Dialect::MySql => {
+            let mut out = String::with_capacity(value.len() * 2 + 12);
+            out.push_str("_utf8mb4 X'");
+            for b in value.as_bytes() {
+                out.push_str(&format!("{b:02X}"));
+            }
+            out.push('\'');
+            Ok(out)
+        }
+    }
+}
+
+/// A quoted identifier. Names with quote characters, backslashes or NUL are refused earlier.
+pub fn quote_ident(name: &str, dialect: Dialect) -> String {
+    match dialect {
+        Dialect::Postgres => format!("\"{}\"", name.replace('"', "\"\"")),
+        Dialect::MySql => format!("`{}`", name.replace('`', "``")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn postgres_literals_cannot_break_out() {
+        assert_eq!(
+            quote_literal("x\\' OR 1=1) --", Dialect::Postgres).unwrap(),
+            "E'x\\\\'' OR 1=1) --'"
+        );
+        assert!(quote_literal("a\0b", Dialect::Postgres).is_err());
+    }
+
+    #[test]
+    fn mysql_literals_are_hex() {
+        assert_eq!(
+            quote_literal("a'", Dialect::MySql).unwrap(),
+            "_utf8mb4 X'6127'"
+        );
+        assert_eq!(quote_literal("", Dialect::MySql).unwrap(), "_utf8mb4 X''");
+    }
+}
