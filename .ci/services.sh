@@ -438,7 +438,7 @@ pg_start() {
   setsid "${as[@]}" "$bin/postgres" -D "$run/data" -p "$port" -k "$run" \
     -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off \
     -c max_connections=200 -c shared_buffers=256MB -c log_statement=all \
-    -c log_line_prefix='%m [%p] ' \
+    -c log_line_prefix='%m [%p] %a: ' \
     -c shared_preload_libraries=pg_stat_statements >"$run/postgres.log" 2>&1 </dev/null &
   pid=$!
   for ((i = 0; i < 300; i++)); do

@@ -173,14 +173,16 @@ def peak_rss_mb(pid) -> float | None:
 class Basin:
     """A Basin deployment reached over Flight SQL."""
 
-    def __init__(self, binary, data_dir, workdir, executors, standalone):
+    def __init__(self, binary, data_dir, workdir, executors, standalone, config=None):
+        """`config`: an optional basin.toml passed to every process with `--config`."""
         self.procs = []
         self.workdir = workdir
         env = dict(os.environ, BASIN_LOG="warn")
         flight = free_port()
         def spawn(name, *args):
             log = workdir / f"{name}.log"
-            p = subprocess.Popen([binary, *args, "--data-dir", str(data_dir)], env=env,
+            extra = ["--config", str(config)] if config else []
+            p = subprocess.Popen([binary, *args, "--data-dir", str(data_dir), *extra], env=env,
                                  stdout=open(log, "w"), stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL)
             self.procs.append((p, str(log)))

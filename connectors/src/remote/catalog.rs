@@ -219,6 +219,7 @@ impl RemoteTable {
     pub fn scan_query(
         &self,
         columns: &[String],
+        alias: Option<&str>,
         predicate: Option<String>,
         limit: Option<usize>,
     ) -> RemoteQuery {
@@ -238,7 +239,10 @@ impl RemoteTable {
                 })
                 .collect()
         };
-        let select_from = format!("SELECT {} FROM {}", select.join(", "), self.quoted_name());
+        let mut select_from = format!("SELECT {} FROM {}", select.join(", "), self.quoted_name());
+        if let Some(a) = alias {
+            select_from.push_str(&format!(" AS {}", quote_ident(a, d)));
+        }
         let mut sql = select_from.clone();
         if let Some(p) = &predicate {
             sql.push_str(&format!(" WHERE {p}"));
@@ -302,7 +306,7 @@ impl TableProvider for RemoteTable {
             .map(|&i| self.columns[i].name.clone())
             .collect();
         let schema = Arc::new(self.arrow.project(&indexes)?);
-        let query = self.scan_query(&names, None, limit);
+        let query = self.scan_query(&names, None, None, limit);
         let renamed = Arc::new(Schema::new(
             schema
                 .fields()

@@ -10,7 +10,7 @@ use datafusion::arrow::array::{
     UInt32Builder, UInt64Builder, make_builder,
 };
 use datafusion::arrow::datatypes::{DataType, IntervalMonthDayNano, SchemaRef, i256};
-use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::error::{DataFusionError, Result};
 
 /// Days from 1970-01-01 to 2000-01-01 (PostgreSQL's epoch).
@@ -148,8 +148,14 @@ impl Columns {
     /// Takes the rows collected so far as a batch.
     pub fn finish(&mut self) -> Result<RecordBatch> {
         let arrays: Vec<ArrayRef> = self.builders.iter_mut().map(|b| b.finish()).collect();
+        // A query may need rows but no columns (`count(*)` over a subquery).
+        let options = RecordBatchOptions::new().with_row_count(Some(self.rows));
         self.rows = 0;
-        Ok(RecordBatch::try_new(self.schema.clone(), arrays)?)
+        Ok(RecordBatch::try_new_with_options(
+            self.schema.clone(),
+            arrays,
+            &options,
+        )?)
     }
 
     /// Appends one PostgreSQL binary-format value (`None` = NULL) to column `i`.

@@ -97,7 +97,9 @@ fn rewrite(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
     if let LogicalPlan::TableScan(scan) = &plan
         && let Some(table) = remote_table(scan)
     {
-        return Ok(Transformed::yes(push_scan(&plan, &table, scan, None)?));
+        return Ok(Transformed::yes(push_scan(
+            &plan, &table, scan, None, None,
+        )?));
     }
     plan.map_children(rewrite)?
         .transform_data(|p| p.map_subqueries(rewrite))
@@ -269,6 +271,10 @@ fn literal_ok(v: &ScalarValue, dialect: Dialect) -> bool {
         | ScalarValue::Int64(_)
         | ScalarValue::Date32(_)
         | ScalarValue::Decimal128(_, _, _) => true,
+        // Naive timestamps only: a zone-aware literal would meet the source's session zone.
+        ScalarValue::TimestampSecond(_, None)
+        | ScalarValue::TimestampMillisecond(_, None)
+        | ScalarValue::TimestampMicrosecond(_, None) => true,
         ScalarValue::UInt8(_)
         | ScalarValue::UInt16(_)
         | ScalarValue::UInt32(_)
@@ -357,6 +363,15 @@ fn expr_ok(e: &Expr, schema: &DFSchema, facts: &Facts, source: &RemoteSource) ->
                 && ok(&l.pattern)
                 && text_ok(&l.expr, schema, facts, false)
                 && matches!(l.pattern.as_ref(), Expr::Literal(_, _))
+        }
+        // Integers and decimals to double (how DataFusion feeds AVG): same in every dialect.
+        Expr::Cast(c)
+            if c.data_type == DataType::Float64
+                && c.expr
+                    .get_type(schema)
+                    .is_ok_and(|t| t.is_integer() || matches!(t, DataType::Decimal128(_, _))) =>
+        {
+            ok(&c.expr)
         }
         Expr::Cast(c) => {
             caps.casts
@@ -496,6 +511,10 @@ fn try_simple_scan(plan: &LogicalPlan, source: &Arc<RemoteSource>) -> Result<Opt
         LogicalPlan::Filter(f) => (Some(&f.predicate), f.input.as_ref()),
         other => (None, other),
     };
+    let (alias, rest) = match rest {
+        LogicalPlan::SubqueryAlias(a) => (Some(a.alias.table().to_string()), a.input.as_ref()),
+        other => (None, other),
+    };
     let LogicalPlan::TableScan(scan) = rest else {
         return Ok(None);
     };
@@ -527,6 +546,7 @@ fn try_simple_scan(plan: &LogicalPlan, source: &Arc<RemoteSource>) -> Result<Opt
         plan,
         &table,
         scan,
+        alias,
         rendered.map(|r| (r, columns)),
     )?))
 }
@@ -537,6 +557,7 @@ fn push_scan(
     plan: &LogicalPlan,
     table: &RemoteTable,
     scan: &TableScan,
+    alias: Option<String>,
     filtered: Option<(String, Option<Vec<String>>)>,
 ) -> Result<LogicalPlan> {
     let (predicate, projected) = match filtered {
@@ -564,7 +585,7 @@ fn push_scan(
         LogicalPlan::TableScan(_) => scan.fetch,
         _ => None,
     };
-    let query = table.scan_query(&names, predicate, limit);
+    let query = table.scan_query(&names, alias.as_deref(), predicate, limit);
     replacement(plan, query)
 }
 
@@ -628,7 +649,7 @@ fn render_limit(
                 .iter()
                 .map(|f| f.name().clone())
                 .collect();
-            table.scan_query(&names, None, None)
+            table.scan_query(&names, None, None, None)
         }
         other => unparse(other, source)?,
     };

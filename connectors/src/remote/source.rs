@@ -248,7 +248,7 @@ fn pg_options(name: &str, c: &SqlSourceConfig) -> Result<PgConnectOptions> {
         TlsMode::VerifyFull => PgSslMode::VerifyFull,
     };
     Ok(o.ssl_mode(ssl)
-        .application_name("basin")
+        .application_name(&application_name())
         .statement_cache_capacity(0)
         // Literals are rendered for these settings (see `sql::render`).
         .options([
@@ -259,6 +259,15 @@ fn pg_options(name: &str, c: &SqlSourceConfig) -> Result<PgConnectOptions> {
             ("IntervalStyle", "postgres"),
             ("extra_float_digits", "3"),
         ]))
+}
+
+/// `basin executor`, `basin scheduler`...: which Basin process a source session belongs to
+/// (PostgreSQL shows it in pg_stat_activity and its logs).
+fn application_name() -> String {
+    match std::env::args().nth(1).as_deref() {
+        Some(role @ ("scheduler" | "executor" | "standalone" | "sql")) => format!("basin {role}"),
+        _ => "basin".to_string(),
+    }
 }
 
 fn mysql_options(name: &str, c: &SqlSourceConfig) -> Result<MySqlConnectOptions> {

@@ -8,7 +8,8 @@ use std::ops::ControlFlow;
 
 use datafusion::error::{DataFusionError, Result};
 use datafusion::sql::sqlparser::ast::{
-    Expr as SqlExpr, ObjectName, ObjectNamePart, Statement, Value, VisitMut, VisitorMut,
+    Expr as SqlExpr, ObjectName, ObjectNamePart, Statement, TableFactor, Value, Visit, VisitMut,
+    Visitor, VisitorMut,
 };
 
 use super::source::Dialect;
@@ -63,10 +64,81 @@ impl VisitorMut for CatalogStripper<'_> {
     }
 }
 
+/// Tables of a statement: which real names are aliased, which appear unaliased.
+#[derive(Default)]
+struct AliasCollector {
+    aliased: std::collections::HashMap<String, Vec<String>>,
+    plain: std::collections::HashSet<String>,
+}
+
+impl Visitor for AliasCollector {
+    type Break = ();
+
+    fn pre_visit_table_factor(&mut self, t: &TableFactor) -> ControlFlow<()> {
+        match t {
+            TableFactor::Table { name, alias, .. } => {
+                let table = name
+                    .0
+                    .last()
+                    .and_then(|p| p.as_ident())
+                    .map(|i| i.value.clone())
+                    .unwrap_or_default();
+                match alias {
+                    Some(a) => self
+                        .aliased
+                        .entry(table)
+                        .or_default()
+                        .push(a.name.value.clone()),
+                    None => {
+                        self.plain.insert(table);
+                    }
+                }
+            }
+            TableFactor::Derived { alias: Some(a), .. } => {
+                self.plain.insert(a.name.value.clone());
+            }
+            _ => {}
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+/// DataFusion 53's unparser sometimes qualifies a column with the table's real name where
+/// the FROM clause only has the table's alias (`FROM items AS i … WHERE items.id < 12`).
+/// Such qualifiers are renamed to the alias when that is unambiguous.
+struct QualifierFixer {
+    renames: std::collections::HashMap<String, String>,
+}
+
+impl VisitorMut for QualifierFixer {
+    type Break = ();
+
+    fn pre_visit_expr(&mut self, expr: &mut SqlExpr) -> ControlFlow<()> {
+        if let SqlExpr::CompoundIdentifier(ids) = expr
+            && ids.len() == 2
+            && let Some(alias) = self.renames.get(&ids[0].value)
+        {
+            ids[0].value = alias.clone();
+        }
+        ControlFlow::Continue(())
+    }
+}
+
 /// Drops Basin's catalog name from table references (`pg.public.t` → `public.t`) and takes
 /// the string literals out of `stmt`.
 pub fn prepare(stmt: &mut Statement, catalog: &str) -> Result<Rendered> {
     let _ = stmt.visit(&mut CatalogStripper { catalog });
+    let mut tables = AliasCollector::default();
+    let _ = Visit::visit(&*stmt, &mut tables);
+    let aliases: std::collections::HashSet<String> =
+        tables.aliased.values().flatten().cloned().collect();
+    let renames = tables
+        .aliased
+        .iter()
+        .filter(|(t, a)| a.len() == 1 && !tables.plain.contains(*t) && !aliases.contains(*t))
+        .map(|(t, a)| (t.clone(), a[0].clone()))
+        .collect();
+    let _ = stmt.visit(&mut QualifierFixer { renames });
     collect(stmt, |s| s.to_string())
 }
 

@@ -1,0 +1,837 @@
+//! PostgreSQL and MariaDB sources end to end, on throwaway servers that
+//! `.ci/services.sh start postgres mariadb` starts (BASIN_TEST_PG_URL/_LOG,
+//! BASIN_TEST_MYSQL_URL/_LOG). Every check compares the source's answer with the answer Basin
+//! computes itself over a copy of the same rows in the embedded Iceberg catalog, and pushdown
+//! is asserted on the SQL the server actually received (its statement log).
+//!
+//! The conformance cases are shared by both connectors; what each connector pushes follows its
+//! capability flags and per-type guards.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use crate::{in_ci, scratch_dir, stderr, stdout};
+
+struct Servers {
+    pg_url: String,
+    pg_log: PathBuf,
+    my_url: String,
+    my_log: PathBuf,
+}
+
+fn servers(test: &str) -> Option<Servers> {
+    let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    match (
+        var("BASIN_TEST_PG_URL"),
+        var("BASIN_TEST_PG_LOG"),
+        var("BASIN_TEST_MYSQL_URL"),
+        var("BASIN_TEST_MYSQL_LOG"),
+    ) {
+        (Some(pg_url), Some(pg_log), Some(my_url), Some(my_log)) => Some(Servers {
+            pg_url,
+            pg_log: pg_log.into(),
+            my_url,
+            my_log: my_log.into(),
+        }),
+        _ => {
+            let msg = format!(
+                "{test}: skipped: BASIN_TEST_PG_URL/BASIN_TEST_MYSQL_URL are not set; run \
+                 `eval \"$(.ci/services.sh start postgres mariadb)\"` first"
+            );
+            assert!(!in_ci(), "{msg}");
+            eprintln!("{msg}");
+            None
+        }
+    }
+}
+
+/// Runs `program args` with `input` on stdin (SQL can be larger than an argument may be).
+fn with_stdin(program: &str, args: &[&str], input: &str) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {program}: {e}"));
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn psql(url: &str, sql: &str) -> String {
+    let out = with_stdin(
+        "psql",
+        &[url, "-v", "ON_ERROR_STOP=1", "-q", "-A", "-t"],
+        sql,
+    );
+    assert!(out.status.success(), "psql: {sql}\n{}", stderr(&out));
+    stdout(&out)
+}
+
+/// Runs SQL on MariaDB with the `mariadb` client (URL mysql://user:pw@host:port/db).
+fn mariadb(url: &str, sql: &str) -> String {
+    let rest = url.strip_prefix("mysql://").expect("mysql URL");
+    let (creds, rest) = rest.split_once('@').expect("user@host");
+    let (user, password) = creds.split_once(':').unwrap_or((creds, ""));
+    let (hostport, db) = rest.split_once('/').unwrap_or((rest, ""));
+    let (host, port) = hostport.split_once(':').unwrap_or((hostport, "3306"));
+    let out = with_stdin(
+        "mariadb",
+        &[
+            "-h",
+            host,
+            "-P",
+            port,
+            "-u",
+            user,
+            &format!("-p{password}"),
+            "-N",
+            "-B",
+            "--default-character-set=utf8mb4",
+            "--max-allowed-packet=64M",
+            db,
+        ],
+        sql,
+    );
+    assert!(out.status.success(), "mariadb: {sql}\n{}", stderr(&out));
+    stdout(&out)
+}
+
+/// A schema (PostgreSQL) and database (MariaDB) of the same name for one test, dropped at the
+/// end.
+struct Fixture {
+    s: Servers,
+    name: String,
+    dir: PathBuf,
+    config: PathBuf,
+}
+
+impl Fixture {
+    fn new(test: &str) -> Option<Self> {
+        let s = servers(test)?;
+        let name = format!("t_{}_{test}", std::process::id());
+        psql(
+            &s.pg_url,
+            &format!("DROP SCHEMA IF EXISTS {name} CASCADE; CREATE SCHEMA {name}"),
+        );
+        mariadb(
+            &s.my_url,
+            &format!("DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name}"),
+        );
+        let dir = scratch_dir(test);
+        let config = dir.join("basin.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[catalogs.pg]\nconnector = \"postgres\"\nurl = \"{}\"\ntls = \"disable\"\n\
+                 split_size_bytes = 1048576\n\n\
+                 [catalogs.my]\nconnector = \"mysql\"\nurl = \"{}\"\ntls = \"disable\"\n",
+                s.pg_url, s.my_url
+            ),
+        )
+        .unwrap();
+        Some(Self {
+            s,
+            name,
+            dir,
+            config,
+        })
+    }
+
+    fn pg(&self, sql: &str) -> String {
+        psql(
+            &self.s.pg_url,
+            &format!("SET search_path = {}; {sql}", self.name),
+        )
+    }
+
+    fn my(&self, sql: &str) -> String {
+        mariadb(&self.s.my_url, &format!("USE {}; {sql}", self.name))
+    }
+
+    fn run(&self, sql: &str) -> Output {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_basin"));
+        cmd.args(["standalone", "--format", "csv", "--config"])
+            .arg(&self.config);
+        if sql.len() > 64 * 1024 {
+            // Too long for an argument: a file of statements.
+            let file = self.dir.join("statement.sql");
+            std::fs::write(&file, sql).unwrap();
+            cmd.arg("-f").arg(file);
+        } else {
+            cmd.args(["-e", sql]);
+        }
+        cmd.env_remove("BASIN_CONFIG")
+            .env("BASIN_DATA_DIR", self.dir.join("data"))
+            .output()
+            .expect("run basin")
+    }
+
+    fn ok(&self, sql: &str) -> String {
+        let out = self.run(sql);
+        assert!(out.status.success(), "{sql}\n{}", stderr(&out));
+        stdout(&out)
+    }
+
+    /// Runs `sql` and returns its output and the statements the source received meanwhile
+    /// that mention this test's schema.
+    fn traced(&self, log: &Path, sql: &str) -> (String, String) {
+        let before = std::fs::metadata(log).map(|m| m.len()).unwrap_or(0);
+        let out = self.ok(sql);
+        // Statement logs are written asynchronously by the servers.
+        std::thread::sleep(Duration::from_millis(200));
+        let bytes = std::fs::read(log).unwrap_or_default();
+        let new = String::from_utf8_lossy(&bytes[(before as usize).min(bytes.len())..]).to_string();
+        let mine = new
+            .lines()
+            .filter(|l| l.contains(&self.name) && !l.contains("information_schema"))
+            .filter(|l| !l.contains("EXPLAIN"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        (out, mine)
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let _ = Command::new("psql")
+            .args([
+                self.s.pg_url.as_str(),
+                "-q",
+                "-c",
+                &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name),
+            ])
+            .output();
+        let _ = std::panic::catch_unwind(|| {
+            mariadb(
+                &self.s.my_url,
+                &format!("DROP DATABASE IF EXISTS {}", self.name),
+            )
+        });
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The rows both sources hold for the conformance suite.
+fn conformance_rows() -> Vec<String> {
+    (1..=40)
+        .map(|i| {
+            let code = ["abc", "ABC", "Abc", "xyz"][i % 4];
+            let ts = if i % 7 == 0 {
+                "NULL".to_string()
+            } else {
+                format!("'2024-01-{:02} {:02}:30:00'", i % 28 + 1, i % 24)
+            };
+            format!(
+                "({i}, {}, 'item {i}', '{code}', {}.{:02}, {}, {}, '2024-01-{:02}', {ts})",
+                i % 4,
+                i * 3,
+                i % 100,
+                i * 37 % 500,
+                if i % 5 == 0 {
+                    "NULL".to_string()
+                } else {
+                    format!("{}", i as f64 / 8.0)
+                },
+                i % 28 + 1
+            )
+        })
+        .collect()
+}
+
+fn load_conformance(f: &Fixture) {
+    let values = conformance_rows().join(", ");
+    f.pg(&format!(
+        "CREATE TABLE items (id int PRIMARY KEY, grp int NOT NULL, name varchar(40) NOT NULL, \
+           code varchar(10) NOT NULL, price numeric(10,2) NOT NULL, qty bigint NOT NULL, \
+           ratio double precision, day date NOT NULL, ts timestamp); \
+         INSERT INTO items VALUES {values}; \
+         CREATE TABLE cats (id int PRIMARY KEY, label text NOT NULL); \
+         INSERT INTO cats VALUES (0, 'zero'), (1, 'one'), (2, 'two'); ANALYZE"
+    ));
+    f.my(&format!(
+        "CREATE TABLE items (id int PRIMARY KEY, grp int NOT NULL, \
+           name varchar(40) COLLATE utf8mb4_bin NOT NULL, code varchar(10) NOT NULL, \
+           price decimal(10,2) NOT NULL, qty bigint NOT NULL, ratio double, day date NOT NULL, \
+           ts datetime) DEFAULT CHARSET utf8mb4; \
+         INSERT INTO items VALUES {values}; \
+         CREATE TABLE cats (id int PRIMARY KEY, label varchar(20) COLLATE utf8mb4_bin NOT NULL); \
+         INSERT INTO cats VALUES (0, 'zero'), (1, 'one'), (2, 'two')"
+    ));
+}
+
+/// A conformance case: the query (`{t}` is the schema prefix), and per source the fragments
+/// the received SQL must (`+`) or must not (`-`) contain.
+struct Case {
+    name: &'static str,
+    sql: &'static str,
+    pg: &'static [&'static str],
+    my: &'static [&'static str],
+}
+
+const CASES: &[Case] = &[
+    Case {
+        name: "filter on integers",
+        sql: "SELECT id, name FROM {t}.items WHERE grp = 2 AND id > 10 ORDER BY id",
+        pg: &["+\"grp\" = 2", "+\"id\" > 10"],
+        my: &["+`grp` = 2", "+`id` > 10"],
+    },
+    Case {
+        name: "aggregates with group by",
+        sql: "SELECT grp, count(*), sum(price), min(qty), max(qty), avg(qty), sum(qty) \
+              FROM {t}.items GROUP BY grp ORDER BY grp",
+        pg: &["+GROUP BY", "+sum("],
+        my: &["+GROUP BY", "+sum("],
+    },
+    Case {
+        name: "count distinct",
+        sql: "SELECT count(DISTINCT grp) AS n FROM {t}.items",
+        // DataFusion plans it as a GROUP BY below a count: the GROUP BY is pushed.
+        pg: &["+GROUP BY"],
+        my: &["+GROUP BY"],
+    },
+    Case {
+        name: "top-n",
+        sql: "SELECT id, price FROM {t}.items ORDER BY price DESC, id LIMIT 5",
+        pg: &["+LIMIT 5", "+ORDER BY"],
+        my: &["+LIMIT 5", "+ORDER BY"],
+    },
+    Case {
+        name: "limit",
+        sql: "SELECT count(*) FROM (SELECT id FROM {t}.items LIMIT 3)",
+        pg: &["+LIMIT 3"],
+        my: &["+LIMIT 3"],
+    },
+    Case {
+        name: "join within one source",
+        sql: "SELECT i.id, c.label FROM {t}.items i JOIN {t}.cats c ON i.grp = c.id \
+              WHERE i.id < 12 ORDER BY i.id",
+        pg: &["+JOIN"],
+        my: &["+JOIN"],
+    },
+    Case {
+        name: "text equality on a byte-comparing column",
+        sql: "SELECT id FROM {t}.items WHERE name = 'item 7'",
+        pg: &["+E'item 7'"],
+        my: &["+X'6974656D2037'"],
+    },
+    Case {
+        name: "text equality on a case-insensitive MySQL column stays in Basin",
+        sql: "SELECT id FROM {t}.items WHERE code = 'abc' ORDER BY id",
+        pg: &["+E'abc'"],
+        my: &["-X'616263'"],
+    },
+    Case {
+        name: "text ordering needs a code-point collation",
+        sql: "SELECT id FROM {t}.items WHERE name < 'item 2' ORDER BY id",
+        pg: &["-E'item 2'"],
+        my: &["+X'6974656D2032'"],
+    },
+    Case {
+        name: "float comparisons stay in Basin",
+        sql: "SELECT id FROM {t}.items WHERE ratio > 2.5 ORDER BY id",
+        pg: &["-2.5"],
+        my: &["-2.5"],
+    },
+    Case {
+        name: "like, in, between, is null, case",
+        sql: "SELECT id, CASE WHEN qty > 100 THEN 'big' ELSE 'small' END AS size \
+              FROM {t}.items WHERE name LIKE 'item 1%' AND grp IN (1, 3) \
+              AND day BETWEEN DATE '2024-01-05' AND DATE '2024-01-20' AND ts IS NOT NULL \
+              ORDER BY id",
+        pg: &["+LIKE", "+\"grp\" = 3", "+IS NOT NULL", "+CASE"],
+        my: &["+LIKE", "+`grp` = 3", "+IS NOT NULL", "+CASE"],
+    },
+    Case {
+        name: "scalar subquery",
+        sql: "SELECT id FROM {t}.items WHERE price > (SELECT avg(price) FROM {t}.items) \
+              ORDER BY id",
+        pg: &["+avg("],
+        my: &["+avg("],
+    },
+    Case {
+        name: "a function Basin does not push keeps the rest pushed",
+        sql: "SELECT id FROM {t}.items WHERE grp = 1 AND length(name) > 6 ORDER BY id",
+        pg: &["+\"grp\" = 1", "-length("],
+        my: &["+`grp` = 1", "-length("],
+    },
+    Case {
+        name: "timestamps and dates",
+        sql: "SELECT day, max(ts), count(*) FROM {t}.items \
+              WHERE ts >= TIMESTAMP '2024-01-10 00:00:00' GROUP BY day ORDER BY day",
+        pg: &["+GROUP BY"],
+        my: &["+GROUP BY"],
+    },
+];
+
+fn check_fragments(case: &Case, source: &str, sent: &str, fragments: &[&str]) {
+    for f in fragments {
+        let (want, text) = f.split_at(1);
+        let present = sent.contains(text);
+        assert_eq!(
+            present,
+            want == "+",
+            "{source}, case `{}`: expected the received SQL {} `{text}`; received:\n{sent}",
+            case.name,
+            if want == "+" {
+                "to contain"
+            } else {
+                "not to contain"
+            }
+        );
+    }
+}
+
+#[test]
+fn conformance_suite_on_postgres_and_mariadb() {
+    let Some(f) = Fixture::new("conformance") else {
+        return;
+    };
+    load_conformance(&f);
+    let n = &f.name;
+    // Basin's own answers: the same rows copied into Iceberg (a plain scan of each source).
+    f.ok(&format!(
+        "CREATE SCHEMA lake.{n}; \
+         CREATE TABLE lake.{n}.items AS SELECT * FROM pg.{n}.items; \
+         CREATE TABLE lake.{n}.cats AS SELECT * FROM pg.{n}.cats"
+    ));
+    assert_eq!(
+        f.ok(&format!(
+            "SELECT count(*) FROM lake.{n}.items UNION ALL SELECT count(*) FROM my.{n}.items"
+        )),
+        "count(*)\n40\n40\n"
+    );
+    for case in CASES {
+        let want = f
+            .ok(&case.sql.replace("{t}", &format!("lake.{n}")))
+            .replace(&format!("lake.{n}."), "lake.");
+        for (catalog, log, fragments) in
+            [("pg", &f.s.pg_log, case.pg), ("my", &f.s.my_log, case.my)]
+        {
+            let sql = case.sql.replace("{t}", &format!("{catalog}.{n}"));
+            let (got, sent) = f.traced(log, &sql);
+            let got = got.replace(&format!("{catalog}.{n}."), "lake.");
+            assert_eq!(got, want, "{catalog}, case `{}`: {sql}", case.name);
+            check_fragments(case, catalog, &sent, fragments);
+        }
+    }
+}
+
+#[test]
+fn aggregate_is_one_remote_query_and_explain_shows_it() {
+    let Some(f) = Fixture::new("aggregate") else {
+        return;
+    };
+    load_conformance(&f);
+    let n = &f.name;
+    let (out, sent) = f.traced(
+        &f.s.pg_log,
+        &format!("SELECT sum(qty), count(*) FROM pg.{n}.items"),
+    );
+    assert_eq!(out, format!("sum(pg.{n}.items.qty),count(*)\n10340,40\n"));
+    let copies: Vec<&str> = sent.lines().filter(|l| l.contains("COPY")).collect();
+    assert_eq!(copies.len(), 1, "{sent}");
+    assert!(
+        copies[0].contains("sum(\"items\".\"qty\")") && copies[0].contains("count(1)"),
+        "{sent}"
+    );
+    let plan = f.ok(&format!(
+        "EXPLAIN SELECT sum(qty) FROM pg.{n}.items WHERE grp = 3"
+    ));
+    assert!(
+        plan.contains("RemoteScanExec: source=pg")
+            && plan.contains(&format!("FROM \"\"{n}\"\".\"\"items\"\"")),
+        "{plan}"
+    );
+}
+
+#[test]
+fn hostile_strings_are_literals_everywhere() {
+    let Some(f) = Fixture::new("hostile") else {
+        return;
+    };
+    let n = &f.name;
+    let hostile: Vec<String> = vec![
+        "x\\' OR 1=1) --".into(),
+        "' OR '1'='1".into(),
+        "'; DROP TABLE h; --".into(),
+        "\\".into(),
+        "\\\\'".into(),
+        "a''b".into(),
+        "/* open comment".into(),
+        "-- dash comment".into(),
+        "# hash comment".into(),
+        "$$dollar$$".into(),
+        "\"double\" `back`".into(),
+        "ünï¢ødé 🦀 \u{202e}rtl".into(),
+        "new\nline\ttab\r".into(),
+        "%_\\%".into(),
+        "x".repeat(1 << 20),
+    ];
+    let hex = |s: &str| s.bytes().map(|b| format!("{b:02x}")).collect::<String>();
+    let pg_values: Vec<String> = hostile
+        .iter()
+        .enumerate()
+        .map(|(i, s)| format!("({i}, convert_from(decode('{}', 'hex'), 'UTF8'))", hex(s)))
+        .collect();
+    f.pg(&format!(
+        "CREATE TABLE h (id int PRIMARY KEY, s text NOT NULL); INSERT INTO h VALUES {}",
+        pg_values.join(", ")
+    ));
+    let my_values: Vec<String> = hostile
+        .iter()
+        .enumerate()
+        .map(|(i, s)| format!("({i}, CONVERT(X'{}' USING utf8mb4))", hex(s)))
+        .chain(std::iter::once(format!(
+            "({}, CONVERT(X'610062' USING utf8mb4))",
+            hostile.len()
+        )))
+        .collect();
+    f.my(&format!(
+        "CREATE TABLE h (id int PRIMARY KEY, s longtext COLLATE utf8mb4_bin NOT NULL) \
+         DEFAULT CHARSET utf8mb4; INSERT INTO h VALUES {}",
+        my_values.join(", ")
+    ));
+    f.ok(&format!(
+        "CREATE SCHEMA lake.{n}; CREATE TABLE lake.{n}.h AS SELECT * FROM my.{n}.h"
+    ));
+    let lit = |s: &str| format!("'{}'", s.replace('\'', "''"));
+    let mut queries: Vec<String> = hostile
+        .iter()
+        .flat_map(|s| {
+            [
+                format!("SELECT id FROM {{t}}.h WHERE s = {} ORDER BY id", lit(s)),
+                format!(
+                    "SELECT id FROM {{t}}.h WHERE s IN ({}, 'zz') OR s <> s ORDER BY id",
+                    lit(s)
+                ),
+            ]
+        })
+        .collect();
+    queries.push("SELECT id FROM {t}.h WHERE s LIKE '%OR%' ORDER BY id".into());
+    queries.push("SELECT id FROM {t}.h WHERE s LIKE '\\%%' ORDER BY id".into());
+    queries.push(format!(
+        "SELECT count(*) FROM {{t}}.h WHERE s = {}",
+        lit(&"ab'c".repeat(300_000))
+    ));
+    // All statements in one run per catalog; the outputs must be identical.
+    let script = |t: &str| {
+        queries
+            .iter()
+            .map(|q| q.replace("{t}", t))
+            .collect::<Vec<_>>()
+            .join(";\n")
+    };
+    let want = f.ok(&script(&format!("lake.{n}")));
+    for (catalog, log, marker) in [
+        ("pg", &f.s.pg_log, "E'x\\\\'' OR 1=1) --'"),
+        ("my", &f.s.my_log, "X'785C27204F5220313D3129202D2D'"),
+    ] {
+        let (got, sent) = f.traced(log, &script(&format!("{catalog}.{n}")));
+        assert_eq!(got, want, "{catalog}");
+        // The predicates were pushed, with the literals rendered safely.
+        assert!(
+            sent.contains(marker),
+            "{catalog}: {marker} not in\n{sent:.3000}"
+        );
+    }
+    // NUL: PostgreSQL cannot hold it (the predicate stays in Basin); MariaDB can.
+    let nul = "SELECT id FROM {t}.h WHERE s = 'a' || chr(0) || 'b' ORDER BY id";
+    assert_eq!(f.ok(&nul.replace("{t}", &format!("pg.{n}"))), "id\n");
+    assert_eq!(
+        f.ok(&nul.replace("{t}", &format!("my.{n}"))),
+        format!("id\n{}\n", hostile.len())
+    );
+    // No side effects: the tables are whole and alone.
+    assert_eq!(
+        f.pg("SELECT count(*) FROM h").trim(),
+        hostile.len().to_string()
+    );
+    assert_eq!(
+        f.pg(&format!(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = '{n}'"
+        ))
+        .trim(),
+        "1"
+    );
+    assert_eq!(
+        f.my("SELECT count(*) FROM h").trim(),
+        (hostile.len() + 1).to_string()
+    );
+    assert_eq!(
+        f.my(&format!(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = '{n}'"
+        ))
+        .trim(),
+        "1"
+    );
+}
+
+#[test]
+fn postgres_type_matrix() {
+    let Some(f) = Fixture::new("pgtypes") else {
+        return;
+    };
+    let n = &f.name;
+    f.pg("CREATE TYPE mood AS ENUM ('sad', 'happy'); \
+         CREATE TABLE t (i2 smallint, i4 int, i8 bigint, n numeric(12,3), nu numeric, \
+           r real, d double precision, b boolean, tx text, vc varchar(5), ch char(3), \
+           by bytea, dt date, tm time, ts timestamp, tz timestamptz, iv interval, u uuid, \
+           js json, jb jsonb, ai int[], at text[], e mood, ip inet, m money); \
+         INSERT INTO t VALUES (-2, 4, 8000000000, 12345.678, 1.5, 1.25, -2.5, true, 'tëxt', \
+           'vc', 'ab', '\\x00ff', '2024-02-29', '13:14:15.5', '2024-02-29 13:14:15.123456', \
+           '2024-02-29 13:14:15+02', '1 mon 2 days 03:00:00', \
+           'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', '{\"a\": 1}', '{\"b\": 2}', '{1,NULL,3}', \
+           '{x,y}', 'happy', '10.0.0.1/8', 12.34); \
+         INSERT INTO t DEFAULT VALUES");
+    let out = f.ok(&format!(
+        "SELECT i2, i4, i8, n, nu, r, d, b, tx, vc, ch, by, dt, tm, ts, tz, iv, u, js, jb, \
+           e, ip, m \
+         FROM pg.{n}.t ORDER BY i2 NULLS LAST"
+    ));
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[0],
+        "i2,i4,i8,n,nu,r,d,b,tx,vc,ch,by,dt,tm,ts,tz,iv,u,js,jb,e,ip,m"
+    );
+    assert_eq!(
+        lines[1],
+        "-2,4,8000000000,12345.678,1.5000000000,1.25,-2.5,true,tëxt,vc,ab,00ff,2024-02-29,\
+         13:14:15.500,2024-02-29T13:14:15.123456,2024-02-29T11:14:15Z,\
+         1 mons 2 days 3 hours,a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11,\"{\"\"a\"\": 1}\",\
+         \"{\"\"b\"\": 2}\",happy,10.0.0.1/8,12.34"
+    );
+    assert_eq!(lines[2], ",".repeat(22));
+    // Arrays become lists (CSV cannot print them: JSON).
+    let out = Command::new(env!("CARGO_BIN_EXE_basin"))
+        .args(["standalone", "--format", "json", "--config"])
+        .arg(&f.config)
+        .args([
+            "-e",
+            &format!("SELECT ai, at FROM pg.{n}.t ORDER BY i2 NULLS LAST"),
+        ])
+        .env("BASIN_DATA_DIR", f.dir.join("data"))
+        .output()
+        .unwrap();
+    let json = stdout(&out);
+    assert!(
+        json.contains("[1,null,3]") && json.contains("[\"x\",\"y\"]"),
+        "{json}{}",
+        stderr(&out)
+    );
+    let schema = f.ok(&format!("DESCRIBE pg.{n}.t"));
+    for want in [
+        "n,\"Decimal128(12, 3)\"",
+        "nu,\"Decimal128(38, 10)\"",
+        "tz,\"Timestamp(µs, \"\"UTC\"\")\"",
+        "ai,List(Int32)",
+        "iv,Interval(MonthDayNano)",
+    ] {
+        assert!(schema.contains(want), "{want} not in\n{schema}");
+    }
+}
+
+#[test]
+fn mysql_type_matrix() {
+    let Some(f) = Fixture::new("mytypes") else {
+        return;
+    };
+    let n = &f.name;
+    f.my(
+        "CREATE TABLE t (ti tinyint, tu tinyint unsigned, b1 tinyint(1), si smallint, \
+           mi mediumint, i int, iu int unsigned, bi bigint, bu bigint unsigned, \
+           de decimal(10,4), f float, d double, bt bit(4), ch char(3), vc varchar(10), \
+           tx text, bn binary(2), vb varbinary(4), bl blob, dt date, dtm datetime(6), \
+           tsp timestamp(3) NULL, tm time, y year, e enum('s','m'), st set('a','b'), j json); \
+         SET time_zone = '+00:00'; \
+         INSERT INTO t VALUES (-1, 255, 1, -300, 70000, -5, 4000000000, -9000000000, \
+           18446744073709551615, 123.4567, 1.5, -2.25, b'1010', 'ab', 'vc', 'tëxt', \
+           X'00FF', X'0102', X'03', '2024-02-29', '2024-02-29 13:14:15.123456', \
+           '2024-02-29 13:14:15.123', '13:14:15', 2024, 'm', 'a,b', '{\"a\": 1}'); \
+         INSERT INTO t () VALUES ()",
+    );
+    let out = f.ok(&format!("SELECT * FROM my.{n}.t ORDER BY ti NULLS LAST"));
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[1],
+        "-1,255,true,-300,70000,-5,4000000000,-9000000000,18446744073709551615,123.4567,1.5,\
+         -2.25,10,ab,vc,tëxt,00ff,0102,03,2024-02-29,2024-02-29T13:14:15.123456,\
+         2024-02-29T13:14:15.123Z,13:14:15,2024,m,\"a,b\",\"{\"\"a\"\": 1}\"",
+        "{out}"
+    );
+    assert_eq!(lines[2], ",".repeat(26), "{out}");
+}
+
+/// Starts `basin scheduler` and two `basin executor` processes with `config`.
+struct Cluster {
+    children: Vec<Child>,
+    flight: u16,
+}
+
+impl Cluster {
+    fn start(dir: &Path, config: &Path) -> Self {
+        let port = |_: ()| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        };
+        let (scheduler, flight) = (port(()), port(()));
+        let bin = env!("CARGO_BIN_EXE_basin");
+        let data = dir.join("cluster-data");
+        let spawn = |args: Vec<String>, log: &str| {
+            let log = std::fs::File::create(dir.join(log)).unwrap();
+            Command::new(bin)
+                .args(args)
+                .arg("--config")
+                .arg(config)
+                .arg("--data-dir")
+                .arg(&data)
+                .env_remove("BASIN_CONFIG")
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .expect("start basin")
+        };
+        let mut children = vec![spawn(
+            vec![
+                "scheduler".into(),
+                "--port".into(),
+                scheduler.to_string(),
+                "--flight-sql-port".into(),
+                flight.to_string(),
+            ],
+            "scheduler.log",
+        )];
+        for i in 0..2 {
+            children.push(spawn(
+                vec![
+                    "executor".into(),
+                    "--scheduler".into(),
+                    format!("127.0.0.1:{scheduler}"),
+                    "--task-slots".into(),
+                    "2".into(),
+                ],
+                &format!("executor-{i}.log"),
+            ));
+        }
+        Self { children, flight }
+    }
+
+    fn sql(&self, sql: &str) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_basin"))
+            .args([
+                "sql",
+                &format!("grpc://127.0.0.1:{}", self.flight),
+                "--format",
+                "csv",
+                "-e",
+                sql,
+            ])
+            .output()
+            .expect("run basin sql")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[test]
+fn cross_source_join_runs_on_the_executors() {
+    let Some(f) = Fixture::new("cluster") else {
+        return;
+    };
+    let n = &f.name;
+    // Enough PostgreSQL rows for several ctid splits (split_size_bytes = 1 MiB).
+    f.pg(
+        "CREATE TABLE orders AS SELECT g AS id, g % 25 AS nation, (g % 1000)::numeric(10,2) AS amount \
+         FROM generate_series(1, 200000) g; ANALYZE orders",
+    );
+    f.my(
+        "CREATE TABLE nations (id int PRIMARY KEY, label varchar(20)); \
+         INSERT INTO nations VALUES (0, 'n0'), (1, 'n1'), (2, 'n2'), (3, 'n3'), (24, 'n24')",
+    );
+    let cluster = Cluster::start(&f.dir, &f.config);
+    let sql = format!(
+        "SELECT t.n_name, m.label, count(*) AS orders, sum(o.amount) AS total \
+         FROM pg.{n}.orders o JOIN my.{n}.nations m ON o.nation = m.id \
+         JOIN tpch.tiny.nation t ON t.n_nationkey = m.id \
+         GROUP BY t.n_name, m.label ORDER BY t.n_name"
+    );
+    let before = std::fs::metadata(&f.s.pg_log).map(|m| m.len()).unwrap_or(0);
+    let mut out = cluster.sql(&sql);
+    for _ in 0..100 {
+        if out.status.success() {
+            break;
+        }
+        // The executors may still be registering.
+        std::thread::sleep(Duration::from_millis(200));
+        out = cluster.sql(&sql);
+    }
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "n_name,label,orders,total\n\
+         ALGERIA,n0,8000,3900000.00\n\
+         ARGENTINA,n1,8000,3908000.00\n\
+         BRAZIL,n2,8000,3916000.00\n\
+         CANADA,n3,8000,3924000.00\n\
+         UNITED STATES,n24,8000,4092000.00\n"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let log = String::from_utf8_lossy(&std::fs::read(&f.s.pg_log).unwrap())[before as usize..]
+        .to_string();
+    let copies: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("COPY") && l.contains(n.as_str()))
+        .collect();
+    assert!(copies.len() >= 2, "expected ctid splits:\n{log}");
+    assert!(
+        copies.iter().all(|l| l.contains("basin executor: ")),
+        "splits not read by executors:\n{}",
+        copies.join("\n")
+    );
+    assert!(
+        copies.iter().all(|l| l.contains("ctid")),
+        "{}",
+        copies.join("\n")
+    );
+}
+
+#[test]
+fn unreachable_source_and_unknown_table_are_clear_errors() {
+    let dir = scratch_dir("unreachable");
+    let config = dir.join("basin.toml");
+    std::fs::write(
+        &config,
+        "[catalogs.pg]\nconnector = \"postgres\"\nurl = \"postgres://u:sekrit@127.0.0.1:1/db\"\n\
+         tls = \"disable\"\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_basin"))
+        .args(["standalone", "--config"])
+        .arg(&config)
+        .args(["-e", "SELECT * FROM pg.public.t"])
+        .env("BASIN_DATA_DIR", dir.join("data"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let e = stderr(&out);
+    assert!(e.contains("pg") && !e.contains("sekrit"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
