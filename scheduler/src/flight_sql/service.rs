@@ -408,7 +408,16 @@ async fn execute(
     Ok(Box::pin(
         datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
             schema.clone(),
-            stream.map(move |b| b.and_then(|b| b.with_schema(schema.clone()).map_err(Into::into))),
+            stream.map(move |b| {
+                b.and_then(|b| {
+                    // Batches may declare nullable fields the plan's schema says are not
+                    // (EXPLAIN): keep the plan's schema when the data allows it.
+                    b.clone()
+                        .with_schema(schema.clone())
+                        .or_else(|_| RecordBatch::try_new(schema.clone(), b.columns().to_vec()))
+                        .map_err(Into::into)
+                })
+            }),
         ),
     ))
 }
