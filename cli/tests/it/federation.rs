@@ -131,7 +131,7 @@ impl Fixture {
             &config,
             format!(
                 "[catalogs.pg]\nconnector = \"postgres\"\nurl = \"{}\"\ntls = \"disable\"\n\
-                 split_size_bytes = 1048576\n\n\
+                 split_size_bytes = 1048576\nmax_splits = 4\n\n\
                  [catalogs.my]\nconnector = \"mysql\"\nurl = \"{}\"\ntls = \"disable\"\n",
                 s.pg_url, s.my_url
             ),
