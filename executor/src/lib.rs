@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use ballista_core::config::TaskSchedulingPolicy;
+use ballista_core::registry::BallistaFunctionRegistry;
 use ballista_core::{ConfigProducer, RuntimeProducer};
 use ballista_executor::executor_process::{ExecutorProcessConfig, start_executor_process};
 use basin_connectors::catalogs::runtime_env;
@@ -142,6 +143,7 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
         override_config_producer: Some(config_producer),
         override_logical_codec: Some(logical_codec()),
         override_physical_codec: Some(physical_codec()),
+        override_function_registry: Some(Arc::new(function_registry())),
         override_execution_engine: Some(Arc::new(engine::LoggingEngine::new(
             format!("{}:{flight}", options.external_host),
             options.task_log.clone(),
@@ -197,6 +199,26 @@ async fn wait_for_scheduler(options: &ExecutorOptions) -> Result<()> {
             Err(_) => tokio::time::sleep(std::time::Duration::from_millis(250)).await,
         }
     }
+}
+
+/// The functions a task's plan may name: the scheduler plans with DataFusion's defaults plus
+/// the nested (array, map, struct) functions, but Ballista 53's executor default leaves the
+/// nested ones out, and a task it cannot decode is retried forever (`SELECT a[1] ...` hung).
+fn function_registry() -> BallistaFunctionRegistry {
+    use ballista_core::extension::{
+        ballista_aggregate_functions, ballista_scalar_functions, ballista_window_functions,
+    };
+    let mut registry = BallistaFunctionRegistry::default();
+    for f in ballista_scalar_functions() {
+        registry.scalar_functions.insert(f.name().to_string(), f);
+    }
+    for f in ballista_aggregate_functions() {
+        registry.aggregate_functions.insert(f.name().to_string(), f);
+    }
+    for f in ballista_window_functions() {
+        registry.window_functions.insert(f.name().to_string(), f);
+    }
+    registry
 }
 
 fn basin_config_producer() -> ConfigProducer {

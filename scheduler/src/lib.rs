@@ -11,6 +11,7 @@
 
 pub mod flight_sql;
 pub mod frontend;
+pub mod joins;
 pub mod server;
 pub mod session;
 pub mod sql;

@@ -47,6 +47,22 @@ def wait_port(port: int, procs, timeout=60.0):
     raise RuntimeError(f"nothing listens on {port} after {timeout}s")
 
 
+def wait_ready(url: str, timeout=60.0):
+    """Executors register asynchronously: waits until a distributed query runs at `url`."""
+    import adbc_driver_flightsql.dbapi as fs
+    deadline = time.time() + timeout
+    while True:
+        try:
+            with fs.connect(url) as conn, conn.cursor() as cur:
+                cur.execute("SELECT count(*) FROM tpch.tiny.region")
+                cur.fetchall()
+            return
+        except Exception:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 class Cluster:
     def __init__(self, workdir: Path):
         self.workdir = workdir
@@ -145,19 +161,7 @@ def flight_url():
         for i in range(2):
             cluster.spawn(f"executor-{i}", "executor", "--scheduler", f"127.0.0.1:{sched}", "--task-slots", "2")
         wait_port(flight, cluster.procs)
-        # Executors register asynchronously: wait until a distributed query runs.
-        import adbc_driver_flightsql.dbapi as fs
-        deadline = time.time() + 60
-        while True:
-            try:
-                with fs.connect(f"grpc://127.0.0.1:{flight}") as conn, conn.cursor() as cur:
-                    cur.execute("SELECT count(*) FROM tpch.tiny.region")
-                    cur.fetchall()
-                break
-            except Exception:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.5)
+        wait_ready(f"grpc://127.0.0.1:{flight}")
         yield f"grpc://127.0.0.1:{flight}"
     finally:
         cluster.stop()

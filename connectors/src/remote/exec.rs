@@ -376,10 +376,14 @@ fn run_postgres<'a>(
             .await
             .map_err(|e| source.error("query failed", e))?;
         let outcome: std::result::Result<(), Stop> = async {
-            let mut stream = conn
-                .copy_out_raw(statement)
-                .await
-                .map_err(|e| Stop::Failed(source.error("query failed", e)))?;
+            // PostgreSQL answers a COPY only once its query produces: a slow query is
+            // cancelled while it has not sent anything yet too.
+            let mut stream = tokio::select! {
+                s = conn.copy_out_raw(statement) => {
+                    s.map_err(|e| Stop::Failed(source.error("query failed", e)))?
+                }
+                _ = tx.closed() => return Err(Stop::Cancelled),
+            };
             let mut parser = CopyParser::new();
             let mut columns = Columns::new(schema.clone(), batch_size);
             loop {

@@ -216,6 +216,8 @@ impl BasinFlightSqlService {
         let batches = Cancellable {
             inner: Abortable::new(stream, registration),
             done: false,
+            finished: false,
+            abandon: Some((self.sessions.clone(), handle.to_string())),
             _cleanup: cleanup,
         }
         .map_err(|e| FlightError::Tonic(Box::new(to_status(e))));
@@ -349,11 +351,32 @@ impl Drop for Cleanup {
     }
 }
 
-/// A result stream that ends with an error (not silently) when cancelled.
+/// A result stream that ends with an error (not silently) when cancelled, and that cancels
+/// its Ballista job when the client goes away before the end (a closed connection, a
+/// client-side cancel, a reader dropped early): the cluster and the sources it reads stop
+/// working for nobody.
 struct Cancellable {
     inner: Abortable<SendableRecordBatchStream>,
     done: bool,
+    /// The stream ended (all batches, an error or a cancel): nothing left to stop.
+    finished: bool,
+    abandon: Option<(Arc<SessionFactory>, String)>,
     _cleanup: Cleanup,
+}
+
+impl Drop for Cancellable {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let Some((sessions, handle)) = self.abandon.take() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            tracing::info!(statement = %handle, "result stream dropped before its end: cancelling the job");
+            runtime.spawn(async move { sessions.cancel_jobs_named(&handle).await });
+        }
+    }
 }
 
 impl Stream for Cancellable {
@@ -367,9 +390,18 @@ impl Stream for Cancellable {
             Poll::Ready(None) if self.inner.is_aborted() => {
                 tracing::debug!("result stream cancelled");
                 self.done = true;
+                self.finished = true;
                 Poll::Ready(Some(Err(DataFusionError::Execution(
                     "the query was cancelled".to_string(),
                 ))))
+            }
+            Poll::Ready(None) => {
+                self.finished = true;
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(e))) => {
+                self.finished = true;
+                Poll::Ready(Some(Err(e)))
             }
             other => other,
         }

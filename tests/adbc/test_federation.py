@@ -1,0 +1,184 @@
+"""Cancellation reaches the source databases: a Flight SQL client (the ADBC driver) cancels a
+query, or walks away from its result, and the remote statement that Basin's executors run on
+PostgreSQL / MariaDB stops too (`pg_cancel_backend`, `KILL QUERY`) instead of running on for
+nobody.
+
+Needs the throwaway servers of `.ci/services.sh` (BASIN_TEST_PG_URL, BASIN_TEST_MYSQL_URL):
+skipped without them locally, a failure when CI=true.
+"""
+
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import Cluster, free_port, wait_port, wait_ready
+
+SLEEP_SECONDS = 120
+
+
+def source_urls():
+    pg, my = os.environ.get("BASIN_TEST_PG_URL"), os.environ.get("BASIN_TEST_MYSQL_URL")
+    if not pg or not my:
+        msg = ("BASIN_TEST_PG_URL/BASIN_TEST_MYSQL_URL are not set: run "
+               "`eval \"$(.ci/services.sh start postgres mariadb)\"` first")
+        if os.environ.get("CI") in ("true", "1"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return pg, my
+
+
+def psql(url, sql):
+    out = subprocess.run(["psql", url, "-X", "-q", "-At", "-v", "ON_ERROR_STOP=1", "-c", sql],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def mariadb(url, sql):
+    # mysql://user:password@host:port/database
+    rest = url.split("://", 1)[1]
+    creds, hostpart = rest.rsplit("@", 1)
+    user, password = creds.split(":", 1)
+    hostport, database = hostpart.split("/", 1)
+    host, port = hostport.split(":")
+    out = subprocess.run(
+        ["mariadb", "-h", host, "-P", port, "-u", user, f"-p{password}", "-N", "-B",
+         database, "-e", sql],
+        capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def federation():
+    pg, my = source_urls()
+    name = f"cancel_{uuid.uuid4().hex[:8]}"
+    psql(pg, f"CREATE SCHEMA {name}; CREATE VIEW {name}.slow AS "
+             f"SELECT g AS id FROM generate_series(1, 3) g, LATERAL pg_sleep({SLEEP_SECONDS}) s")
+    mariadb(my, f"CREATE DATABASE {name}")
+    mariadb(my, f"CREATE VIEW {name}.slow AS SELECT SLEEP({SLEEP_SECONDS}) AS id")
+    workdir = Path(tempfile.mkdtemp(prefix="basin-adbc-federation-"))
+    cluster = Cluster(workdir)
+    try:
+        (workdir / "basin.toml").write_text(
+            '[catalogs.pg]\nconnector = "postgres"\nurl = "${env:BASIN_TEST_PG_URL}"\n'
+            'tls = "disable"\n\n'
+            '[catalogs.my]\nconnector = "mysql"\nurl = "${env:BASIN_TEST_MYSQL_URL}"\n'
+            'tls = "disable"\n')
+        config = ["--config", str(workdir / "basin.toml")]
+        sched, flight = free_port(), free_port()
+        cluster.spawn("scheduler", "scheduler", "--port", str(sched),
+                      "--flight-sql-port", str(flight), *config)
+        wait_port(sched, cluster.procs)
+        for i in range(2):
+            cluster.spawn(f"executor-{i}", "executor", "--scheduler", f"127.0.0.1:{sched}",
+                          "--task-slots", "2", *config)
+        wait_port(flight, cluster.procs)
+        url = f"grpc://127.0.0.1:{flight}"
+        wait_ready(url)
+        yield {"url": url, "schema": name, "pg": pg, "my": my, "workdir": workdir}
+    finally:
+        cluster.stop()
+        # A statement a failed test left running would hold the DROPs up.
+        psql(pg, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                 f"WHERE query LIKE '%{name}%' AND pid <> pg_backend_pid()")
+        for (pid,) in [r.split("\t") for r in mariadb(
+                my, "SELECT id FROM information_schema.processlist "
+                    f"WHERE info LIKE '%{name}%slow%' AND info NOT LIKE '%processlist%'"
+        ).splitlines() if r]:
+            mariadb(my, f"KILL {pid}")
+        psql(pg, f"DROP SCHEMA IF EXISTS {name} CASCADE")
+        mariadb(my, f"DROP DATABASE IF EXISTS {name}")
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def running_on(source, f):
+    """The sleeping statements Basin runs on the source now."""
+    if source == "pg":
+        return int(psql(f["pg"], "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
+                                 "AND application_name LIKE 'basin%' AND query LIKE '%slow%'"))
+    return int(mariadb(f["my"], "SELECT count(*) FROM information_schema.processlist "
+                                "WHERE command = 'Query' AND info LIKE '%slow%' "
+                                "AND info NOT LIKE '%processlist%'"))
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"{what} within {timeout}s")
+
+
+def start_query(conn, sql):
+    """Runs `sql` on a thread; returns (thread, outcome) where outcome gets 'rows' or 'error'."""
+    outcome = {}
+    cur = conn.cursor()
+
+    def run():
+        started = time.time()
+        try:
+            cur.execute(sql)
+            outcome["rows"] = cur.fetchall()
+        except Exception as e:  # the cancel surfaces as an error on the running call
+            outcome["error"] = str(e)
+        outcome["seconds"] = time.time() - started
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, cur, outcome
+
+
+@pytest.mark.parametrize("source", ["pg", "my"])
+def test_cancel_stops_the_remote_query(federation, source):
+    import adbc_driver_flightsql.dbapi as fs
+    f = federation
+    table = f"{source}.{f['schema']}.slow"
+    with fs.connect(f["url"]) as conn:
+        t, cur, outcome = start_query(conn, f"SELECT * FROM {table}")
+        wait_for(lambda: running_on(source, f) > 0, 60, f"the query on {source} did not start")
+        cur.adbc_cancel()
+        t.join(30)
+        assert not t.is_alive(), "the cancelled call did not return"
+        assert "error" in outcome, f"the cancelled query returned {outcome}"
+        assert outcome["seconds"] < SLEEP_SECONDS / 2
+        wait_for(lambda: running_on(source, f) == 0, 30,
+                 f"the remote statement on {source} was not cancelled")
+        # The connection and the source are still usable.
+        with conn.cursor() as again:
+            again.execute("SELECT count(*) FROM tpch.tiny.nation")
+            assert again.fetchall() == [(25,)]
+
+
+@pytest.mark.parametrize("source", ["pg", "my"])
+def test_abandoned_client_stops_the_remote_query(federation, source):
+    """A client that disconnects mid-query (closed connection, killed process) must not leave
+    the statement running on the source."""
+    f = federation
+    table = f"{source}.{f['schema']}.slow"
+    script = (
+        "import adbc_driver_flightsql.dbapi as fs\n"
+        f"conn = fs.connect({f['url']!r})\n"
+        "cur = conn.cursor()\n"
+        f"cur.execute('SELECT * FROM {table}')\n"
+        "cur.fetchall()\n"
+    )
+    client = subprocess.Popen(["python3", "-c", script], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: running_on(source, f) > 0, 60, f"the query on {source} did not start")
+        client.kill()
+        client.wait(10)
+        wait_for(lambda: running_on(source, f) == 0, 30,
+                 f"the remote statement on {source} outlived its client")
+    finally:
+        if client.poll() is None:
+            client.kill()
