@@ -23,18 +23,17 @@ use crate::joins::DistributedSafeJoins;
 
 /// The session configuration every Basin process starts from.
 ///
-/// Joins are hash joins (Ballista's default is sort-merge, which sorts both sides of every
-/// join: TPC-H SF1 ran 18% slower); `SET datafusion.optimizer.prefer_hash_join = false` goes
-/// back to sort-merge joins, which spill, for joins whose build side does not fit in memory.
+/// Joins stay Ballista's sort-merge joins, which spill: on TPC-H SF1 (2 cores) hash joins
+/// (`SET datafusion.optimizer.prefer_hash_join = true`) measured the same within noise
+/// (24.08 s vs 24.04 s, benchmarks/README.md) and DataFusion's hash join cannot spill.
 /// Ballista's broadcast promotion is off: it produces joins that lose rows on a cluster
-/// (see [`crate::joins`]).
+/// (see [`crate::joins`], which also makes user-chosen hash joins safe).
 pub fn base_config() -> SessionConfig {
     let mut config = SessionConfig::new_with_ballista()
         .with_information_schema(true)
         .with_default_catalog_and_schema("basin", "public")
         .with_ballista_logical_extension_codec(logical_codec())
         .with_ballista_physical_extension_codec(physical_codec());
-    config.options_mut().optimizer.prefer_hash_join = true;
     config
         .options_mut()
         .set(BROADCAST_JOIN_THRESHOLD, "0")
