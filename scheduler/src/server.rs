@@ -7,7 +7,7 @@ use std::time::Duration;
 use ballista_core::config::TaskSchedulingPolicy;
 use ballista_scheduler::cluster::BallistaCluster;
 use ballista_scheduler::config::{SchedulerConfig, TaskDistributionPolicy};
-use ballista_scheduler::scheduler_process::{create_scheduler, start_grpc_service};
+use ballista_scheduler::scheduler_process::create_scheduler;
 use ballista_scheduler::scheduler_server::SchedulerServer;
 use basin_connectors::catalogs::runtime_env;
 use basin_connectors::codec::{logical_codec, physical_codec};
@@ -208,7 +208,7 @@ pub async fn start(config: Arc<BasinConfig>, options: SchedulerOptions) -> Resul
             .map_err(|e| BasinError::Invalid(format!("cannot create the scheduler: {e}")))?;
     let server = scheduler.clone();
     let task = tokio::spawn(async move {
-        if let Err(e) = start_grpc_service(addr, scheduler).await {
+        if let Err(e) = serve_scheduler(addr, scheduler).await {
             tracing::error!(error = %e, "scheduler stopped");
         }
     });
@@ -227,4 +227,37 @@ pub async fn start(config: Arc<BasinConfig>, options: SchedulerOptions) -> Resul
     }
     tracing::info!(%addr, "Basin scheduler listening");
     Ok(SchedulerHandle { addr, server, task })
+}
+
+/// Serves the scheduler's gRPC API and its REST API (`/api/...`) on `addr`, as Ballista's
+/// `start_grpc_service` does, but with `TCP_NODELAY` on every connection: Ballista serves
+/// through `axum::serve`, which leaves Nagle's algorithm on, so each small answer (a task
+/// status acknowledgement, a job status pushed to the front end) could wait ~40 ms for the
+/// peer's delayed ACK — once per stage and once per query.
+async fn serve_scheduler(
+    addr: std::net::SocketAddr,
+    scheduler: SchedulerServer<LogicalPlanNode, PhysicalPlanNode>,
+) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    use ballista_core::serde::protobuf::scheduler_grpc_server::SchedulerGrpcServer;
+    let config = scheduler.state.config.clone();
+    let grpc = SchedulerGrpcServer::new(scheduler.clone())
+        .max_encoding_message_size(config.grpc_server_max_encoding_message_size as usize)
+        .max_decoding_message_size(config.grpc_server_max_decoding_message_size as usize);
+    let mut routes = tonic::service::RoutesBuilder::default();
+    routes.add_service(grpc);
+    let app = routes
+        .routes()
+        .into_axum_router()
+        .merge(ballista_scheduler::api::get_routes(Arc::new(scheduler)));
+    let listener = tokio::net::TcpListener::bind(addr).await?.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::warn!(error = %e, "cannot set TCP_NODELAY on a scheduler connection");
+        }
+    });
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .await
 }
