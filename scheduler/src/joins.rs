@@ -66,16 +66,18 @@ impl PhysicalOptimizerRule for DistributedSafeJoins {
             {
                 return Ok(Transformed::no(node));
             }
-            if join.null_aware {
-                let probe: Arc<dyn ExecutionPlan> =
-                    Arc::new(CoalescePartitionsExec::new(Arc::clone(join.right())));
-                let rewritten = join
-                    .builder()
-                    .with_new_children(vec![Arc::clone(join.left()), probe])?
+            let rebuild = |mode, build, probe| {
+                join.builder()
+                    .with_partition_mode(mode)
+                    .with_new_children(vec![build, probe])?
                     .recompute_properties()
                     .reset_state()
-                    .build_exec()?;
-                return Ok(Transformed::yes(rewritten));
+                    .build_exec()
+                    .map(Transformed::yes)
+            };
+            if join.null_aware {
+                let probe = Arc::new(CoalescePartitionsExec::new(Arc::clone(join.right())));
+                return rebuild(PartitionMode::CollectLeft, Arc::clone(join.left()), probe);
             }
             let mut build = Arc::clone(join.left());
             if let Some(coalesce) = build.as_any().downcast_ref::<CoalescePartitionsExec>() {
@@ -88,14 +90,7 @@ impl PhysicalOptimizerRule for DistributedSafeJoins {
                 .unzip();
             let build = hash_partitioned(build, left_keys, partitions)?;
             let probe = hash_partitioned(Arc::clone(join.right()), right_keys, partitions)?;
-            let rewritten = join
-                .builder()
-                .with_partition_mode(PartitionMode::Partitioned)
-                .with_new_children(vec![build, probe])?
-                .recompute_properties()
-                .reset_state()
-                .build_exec()?;
-            Ok(Transformed::yes(rewritten))
+            rebuild(PartitionMode::Partitioned, build, probe)
         })
         .data()
     }

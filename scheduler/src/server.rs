@@ -235,7 +235,7 @@ pub async fn start(config: Arc<BasinConfig>, options: SchedulerOptions) -> Resul
 /// status acknowledgement, a job status pushed to the front end) could wait ~40 ms for the
 /// peer's delayed ACK — once per stage and once per query.
 async fn serve_scheduler(
-    addr: std::net::SocketAddr,
+    addr: SocketAddr,
     scheduler: SchedulerServer<LogicalPlanNode, PhysicalPlanNode>,
 ) -> std::io::Result<()> {
     use axum::serve::ListenerExt;
@@ -257,7 +257,7 @@ async fn serve_scheduler(
     });
     axum::serve(
         listener,
-        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+        app.into_make_service_with_connect_info::<SocketAddr>(),
     )
     .await
 }

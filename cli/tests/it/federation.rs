@@ -65,6 +65,12 @@ fn with_stdin(program: &str, args: &[&str], input: &str) -> Output {
     child.wait_with_output().unwrap()
 }
 
+/// What a server wrote to its statement log `log` after byte `before`.
+fn log_since(log: &Path, before: u64) -> String {
+    let bytes = std::fs::read(log).unwrap_or_default();
+    String::from_utf8_lossy(&bytes[(before as usize).min(bytes.len())..]).to_string()
+}
+
 fn psql(url: &str, sql: &str) -> String {
     let out = with_stdin(
         "psql",
@@ -187,10 +193,8 @@ impl Fixture {
         let before = std::fs::metadata(log).map(|m| m.len()).unwrap_or(0);
         let out = self.ok(sql);
         let read = || {
-            let bytes = std::fs::read(log).unwrap_or_default();
-            let new =
-                String::from_utf8_lossy(&bytes[(before as usize).min(bytes.len())..]).to_string();
-            new.lines()
+            log_since(log, before)
+                .lines()
                 .filter(|l| l.contains(&self.name) && !l.contains("information_schema"))
                 .filter(|l| !l.contains("EXPLAIN"))
                 .collect::<Vec<_>>()
@@ -807,8 +811,7 @@ fn cross_source_join_runs_on_the_executors() {
          UNITED STATES,n24,8000,4092000.00\n"
     );
     std::thread::sleep(Duration::from_millis(300));
-    let log = String::from_utf8_lossy(&std::fs::read(&f.s.pg_log).unwrap())[before as usize..]
-        .to_string();
+    let log = log_since(&f.s.pg_log, before);
     let copies: Vec<&str> = log
         .lines()
         .filter(|l| l.contains("COPY") && l.contains(n.as_str()))
@@ -838,17 +841,20 @@ fn cross_source_join_runs_on_the_executors() {
     ));
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out), "n,s\n60000,720000\n");
-    std::thread::sleep(Duration::from_millis(300));
-    let log = String::from_utf8_lossy(&std::fs::read(&f.s.my_log).unwrap())[before as usize..]
-        .to_string();
-    let ranges: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains("events") && (l.contains("`id` >=") || l.contains("`id` <")))
-        .collect();
-    assert!(
-        ranges.len() >= 2,
-        "expected primary-key range splits:\n{log}"
-    );
+    // The general log is written asynchronously: wait for the splits' statements.
+    let range_lines = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("events") && (l.contains("`id` >=") || l.contains("`id` <")))
+            .count()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut log = log_since(&f.s.my_log, before);
+    while range_lines(&log) < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        log = log_since(&f.s.my_log, before);
+    }
+    let ranges = range_lines(&log);
+    assert!(ranges >= 2, "expected primary-key range splits:\n{log}");
 }
 
 #[test]

@@ -209,18 +209,12 @@ fn push_decimal(b: &mut dyn ArrayBuilder, data_type: &DataType, v: Option<&str>)
     match data_type {
         // i128 arithmetic: the common case, several times cheaper than i256.
         DataType::Decimal128(_, _) => {
-            let parsed = match v {
-                Some(t) => parse_decimal_i128(t, scale)?,
-                None => None,
-            };
-            builder!(b, Decimal128Builder).append_option(parsed)
+            let parsed = v.map(|t| parse_decimal_i128(t, scale)).transpose()?;
+            builder!(b, Decimal128Builder).append_option(parsed.flatten())
         }
         _ => {
-            let parsed = match v {
-                Some(t) => parse_decimal(t, scale)?,
-                None => None,
-            };
-            builder!(b, Decimal256Builder).append_option(parsed)
+            let parsed = v.map(|t| parse_decimal(t, scale)).transpose()?;
+            builder!(b, Decimal256Builder).append_option(parsed.flatten())
         }
     }
     Ok(())

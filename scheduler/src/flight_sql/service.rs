@@ -216,7 +216,6 @@ impl BasinFlightSqlService {
         let batches = Cancellable {
             inner: Abortable::new(stream, registration),
             done: false,
-            finished: false,
             abandon: Some((self.sessions.clone(), handle.to_string())),
             _cleanup: cleanup,
         }
@@ -358,17 +357,14 @@ impl Drop for Cleanup {
 struct Cancellable {
     inner: Abortable<SendableRecordBatchStream>,
     done: bool,
-    /// The stream ended (all batches, an error or a cancel): nothing left to stop.
-    finished: bool,
+    /// The job to cancel if the stream is dropped before it ended (all batches, an error
+    /// or a cancel); `None` once it ended.
     abandon: Option<(Arc<SessionFactory>, String)>,
     _cleanup: Cleanup,
 }
 
 impl Drop for Cancellable {
     fn drop(&mut self) {
-        if self.finished {
-            return;
-        }
         let Some((sessions, handle)) = self.abandon.take() else {
             return;
         };
@@ -390,18 +386,14 @@ impl Stream for Cancellable {
             Poll::Ready(None) if self.inner.is_aborted() => {
                 tracing::debug!("result stream cancelled");
                 self.done = true;
-                self.finished = true;
+                self.abandon = None;
                 Poll::Ready(Some(Err(DataFusionError::Execution(
                     "the query was cancelled".to_string(),
                 ))))
             }
-            Poll::Ready(None) => {
-                self.finished = true;
-                Poll::Ready(None)
-            }
-            Poll::Ready(Some(Err(e))) => {
-                self.finished = true;
-                Poll::Ready(Some(Err(e)))
+            end @ (Poll::Ready(None) | Poll::Ready(Some(Err(_)))) => {
+                self.abandon = None;
+                end
             }
             other => other,
         }
