@@ -48,8 +48,9 @@ import tpch  # noqa: E402  (generate, Basin, answer comparison)
 
 REPO = tpch.REPO
 TABLES = tpch.TABLES
-ENGINES = ["postgres", "basin", "duckdb"]
-LABELS = {"postgres": "PostgreSQL alone", "basin": "Basin", "duckdb": "DuckDB postgres_scanner"}
+ENGINES = ["postgres", "basin", "basin-jobs", "duckdb"]
+LABELS = {"postgres": "PostgreSQL alone", "basin": "Basin",
+          "basin-jobs": "Basin, every query a job", "duckdb": "DuckDB postgres_scanner"}
 
 
 # ---------------------------------------------------------------- PostgreSQL
@@ -181,8 +182,9 @@ def remote_sql(sql: str, prefix: str) -> str:
 # ---------------------------------------------------------------- Basin
 
 
-def basin_config(path: pathlib.Path, url: str, options: list[str]) -> pathlib.Path:
-    lines = ["[catalogs.pg]", 'connector = "postgres"', f"url = {json.dumps(url)}",
+def basin_config(path: pathlib.Path, url: str, options: list[str], streamed=True) -> pathlib.Path:
+    lines = ["[server]", f"streamed_stages = {'true' if streamed else 'false'}",
+             "[catalogs.pg]", 'connector = "postgres"', f"url = {json.dumps(url)}",
              'tls = "disable"', *options]
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -376,33 +378,38 @@ def main():
                 record(m, "duckdb", run_duck)
         duck.execute("DETACH pg")
 
-        if "basin" in engines:
-            workdir = pathlib.Path(tempfile.mkdtemp(prefix="basin-federated-"))
-            config = basin_config(workdir / "basin.toml", pg_url, args.pg_option)
+        # basin-jobs: streamed stages off, every query a Ballista job (shuffle files, then
+        # the result fetched from the executors) — the difference streaming makes.
+        for label in ("basin", "basin-jobs"):
+            if label not in engines:
+                continue
+            workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"{label}-federated-"))
+            config = basin_config(workdir / "basin.toml", pg_url, args.pg_option,
+                                  streamed=label == "basin")
             basin = tpch.Basin(args.basin, workdir / "data", workdir, args.executors, False,
                                config=config)
             try:
                 basin_query_ready(basin, "SELECT count(*) FROM pg.public.region")
                 for statement in args.basin_setup:
                     basin.query(statement)
-                meta["basin_explain"] = {}
+                meta.setdefault("basin_explain", {})[label] = explain = {}
                 for m in work:
                     sql = meta["sql"][m]
                     try:
                         plan = basin.query("EXPLAIN " + sql)
-                        meta["basin_explain"][m] = [str(v) for v in plan.column(plan.num_columns - 1).to_pylist()]
+                        explain[m] = [str(v) for v in plan.column(plan.num_columns - 1).to_pylist()]
                     except Exception as e:  # noqa: BLE001
-                        meta["basin_explain"][m] = [f"EXPLAIN failed: {e}"[:500]]
+                        explain[m] = [f"EXPLAIN failed: {e}"[:500]]
                     def run_basin(m=m, sql=sql):
                         stats, table = measure(lambda: basin.query(sql), args.runs)
                         return arrow_result(m, table, stats)
-                    record(m, "basin", run_basin)
-                meta["peak_rss_mb"]["basin"] = basin.peak_rss()
+                    record(m, label, run_basin)
+                meta["peak_rss_mb"][label] = basin.peak_rss()
             finally:
                 basin.stop()
                 logs = {p.name: p.read_text()[-2000:] for p in workdir.glob("*.log")}
-                if any(("min" not in r.get("basin", {"min": 0})) for r in results.values()):
-                    meta["basin_logs_tail"] = logs
+                if any(("min" not in r.get(label, {"min": 0})) for r in results.values()):
+                    meta.setdefault("basin_logs_tail", {})[label] = logs
                 shutil.rmtree(workdir, ignore_errors=True)
 
         report(pathlib.Path(args.out), args.sf, results, meta, list(work))

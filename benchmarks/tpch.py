@@ -379,11 +379,17 @@ def main():
                 print(f"datafusion q{n:02d} failed: {e}")
     schema = "tpch_" + sf_name(args.sf)
     data_dir = cache / "basin-data"
-    for label, standalone in (("basin", False), ("basin-standalone", True)):
+    # basin-jobs: the cluster with streamed stages off (every query a Ballista job), to show
+    # what streaming one-stage queries changes.
+    for label, standalone in (("basin", False), ("basin-standalone", True), ("basin-jobs", False)):
         if label not in engines:
             continue
         workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"{label}-"))
-        basin = Basin(args.basin, data_dir, workdir, args.executors, standalone)
+        config = None
+        if label == "basin-jobs":
+            config = workdir / "basin.toml"
+            config.write_text("[server]\nstreamed_stages = false\n")
+        basin = Basin(args.basin, data_dir, workdir, args.executors, standalone, config=config)
         try:
             load = load_iceberg(basin, files, schema)
             meta.setdefault("load_seconds", round(load, 1))

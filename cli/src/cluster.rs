@@ -96,6 +96,7 @@ impl StandaloneCluster {
             &self.config,
             &self.scheduler.url(),
             self.task_slots,
+            Some(self.scheduler.cluster_view()),
         )?)
     }
 

@@ -315,6 +315,37 @@ pub fn physical_codec() -> Arc<dyn PhysicalExtensionCodec> {
     Arc::new(BasinPhysicalCodec::default())
 }
 
+/// Marks a Flight ticket that asks an executor to run one partition of a plan and stream
+/// its batches back (a streamed stage), instead of fetching a shuffle file.
+const STAGE_TICKET: &[u8] = b"BASIN-STAGE\0";
+
+/// A Flight ticket for one partition of a streamed stage: [`STAGE_TICKET`] + a Ballista
+/// `TaskDefinition` (plan encoded with [`physical_codec`], partition, session settings).
+pub fn encode_stage_ticket(task: &ballista_core::serde::protobuf::TaskDefinition) -> Vec<u8> {
+    use prost::Message;
+    let mut buf = Vec::with_capacity(STAGE_TICKET.len() + task.encoded_len());
+    buf.extend_from_slice(STAGE_TICKET);
+    task.encode(&mut buf)
+        .expect("a Vec grows to hold any message");
+    buf
+}
+
+/// The task of a streamed-stage ticket; `None` when `ticket` is not one (a shuffle fetch).
+pub fn decode_stage_ticket(
+    ticket: &[u8],
+) -> Option<Result<ballista_core::serde::protobuf::TaskDefinition>> {
+    use prost::Message;
+    let payload = ticket.strip_prefix(STAGE_TICKET)?;
+    Some(
+        ballista_core::serde::protobuf::TaskDefinition::decode(payload).map_err(|e| {
+            DataFusionError::Internal(format!(
+                "corrupt streamed-stage ticket (are scheduler and executors the same Basin \
+                 version?): {e}"
+            ))
+        }),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -344,5 +375,25 @@ mod tests {
         let codec = BasinPhysicalCodec::default();
         let ctx = SessionContext::new();
         assert!(codec.try_decode(b"garbage", &[], &ctx.task_ctx()).is_err());
+    }
+
+    #[test]
+    fn stage_tickets_round_trip_and_shuffle_tickets_are_not_stage_tickets() {
+        let task = ballista_core::serde::protobuf::TaskDefinition {
+            job_id: "stream-1".to_string(),
+            partition_id: 3,
+            plan: vec![1, 2, 3],
+            session_id: "s".to_string(),
+            ..Default::default()
+        };
+        let ticket = encode_stage_ticket(&task);
+        assert_eq!(decode_stage_ticket(&ticket).unwrap().unwrap(), task);
+        // A Ballista shuffle fetch is a protobuf action: never mistaken for a stage.
+        assert!(decode_stage_ticket(&[0x0a, 0x02, 0x08, 0x01]).is_none());
+        let mut corrupt = ticket.clone();
+        corrupt.truncate(STAGE_TICKET.len() + 2);
+        corrupt.push(0xff);
+        let err = decode_stage_ticket(&corrupt).unwrap().unwrap_err();
+        assert!(err.to_string().contains("streamed-stage ticket"), "{err}");
     }
 }

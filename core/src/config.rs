@@ -65,6 +65,9 @@ pub struct ServerConfig {
     pub executor_task_slots: usize,
     /// Default number of partitions a query is split into (0 = total task slots).
     pub target_partitions: usize,
+    /// Queries of one stage (scans, filters, ungrouped aggregates: no exchange) stream
+    /// from the executors instead of running as Ballista jobs with shuffle files.
+    pub streamed_stages: bool,
 }
 
 impl Default for ServerConfig {
@@ -75,6 +78,7 @@ impl Default for ServerConfig {
             scheduler_port: 50050,
             executor_task_slots: 0,
             target_partitions: 0,
+            streamed_stages: true,
         }
     }
 }

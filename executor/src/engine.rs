@@ -31,7 +31,7 @@ pub struct TaskLog(Arc<Mutex<std::collections::VecDeque<TaskRecord>>>);
 impl TaskLog {
     pub const CAPACITY: usize = 10_000;
 
-    fn push(&self, record: TaskRecord) {
+    pub(crate) fn push(&self, record: TaskRecord) {
         if let Ok(mut v) = self.0.lock() {
             if v.len() == Self::CAPACITY {
                 v.pop_front();

@@ -5,9 +5,11 @@
 //!  scheduler ──tasks (push)──► executor ──► TpchScanExec / file scans / joins / aggregates
 //!                                  │  shuffle files in the work dir, served over Flight
 //!                                  └────────────► other executors and the client
+//!  scheduler ──streamed stage (Flight DoGet)──► executor ──batches──► scheduler
 //! ```
 
 mod engine;
+mod flight;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -122,6 +124,15 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
         .build_arc()?;
     let runtime_producer: RuntimeProducer = Arc::new(move |_| Ok(runtime.clone()));
     let config_producer: ConfigProducer = basin_config_producer();
+    let functions = Arc::new(function_registry());
+    let name = format!("{}:{flight}", options.external_host);
+    let flight_service = flight::provider(flight::StageRuntime {
+        runtime: runtime_producer.clone(),
+        config: config_producer.clone(),
+        functions: functions.clone(),
+        name: name.clone(),
+        log: options.task_log.clone(),
+    });
 
     let slots = effective_task_slots(options.task_slots);
     let process_config = ExecutorProcessConfig {
@@ -143,11 +154,12 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
         override_config_producer: Some(config_producer),
         override_logical_codec: Some(logical_codec()),
         override_physical_codec: Some(physical_codec()),
-        override_function_registry: Some(Arc::new(function_registry())),
+        override_function_registry: Some(functions),
         override_execution_engine: Some(Arc::new(engine::LoggingEngine::new(
-            format!("{}:{flight}", options.external_host),
+            name,
             options.task_log.clone(),
         ))),
+        override_arrow_flight_service: Some(flight_service),
         ..Default::default()
     };
     tracing::info!(

@@ -27,15 +27,20 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 use datafusion::prelude::SessionContext;
 use datafusion_proto::protobuf::LogicalPlanNode;
 
+use crate::server::ClusterView;
 use crate::session::base_config;
+use crate::streamed;
 
 /// Opens a session on the scheduler at `scheduler_url` (`http://host:port`) with the
 /// catalogs of `config`. `task_slots` is the cluster's total task slots: the default number
-/// of partitions of a query.
+/// of partitions of a query. With `cluster` (the session lives in the scheduler's process),
+/// queries of one stage stream from the executors instead of running as Ballista jobs
+/// ([`crate::streamed`]; `[server] streamed_stages` turns this off).
 pub fn connect(
     config: &BasinConfig,
     scheduler_url: &str,
     task_slots: usize,
+    cluster: Option<ClusterView>,
 ) -> Result<SessionContext> {
     let partitions = if config.server.target_partitions > 0 {
         config.server.target_partitions
@@ -49,7 +54,8 @@ pub fn connect(
         .with_runtime_env(runtime_env(config)?)
         .build()
         .upgrade_for_ballista(scheduler_url.to_string())?;
-    let planner = BasinQueryPlanner::new(scheduler_url, &state);
+    let cluster = cluster.filter(|_| config.server.streamed_stages);
+    let planner = BasinQueryPlanner::new(scheduler_url, &state, cluster);
     let state = SessionStateBuilder::new_from_existing(state)
         .with_query_planner(Arc::new(planner))
         .with_optimizer_rule(Arc::new(RemotePushdown))
@@ -128,6 +134,8 @@ fn use_names(ctx: &SessionContext, parts: &[String]) -> Result<()> {
 struct BasinQueryPlanner {
     distributed: BallistaQueryPlanner<LogicalPlanNode>,
     local: DefaultPhysicalPlanner,
+    /// The cluster, when queries of one stage may stream from its executors.
+    cluster: Option<ClusterView>,
 }
 
 impl std::fmt::Debug for BasinQueryPlanner {
@@ -137,7 +145,7 @@ impl std::fmt::Debug for BasinQueryPlanner {
 }
 
 impl BasinQueryPlanner {
-    fn new(scheduler_url: &str, state: &SessionState) -> Self {
+    fn new(scheduler_url: &str, state: &SessionState, cluster: Option<ClusterView>) -> Self {
         let config = state.config().ballista_config();
         Self {
             distributed: BallistaQueryPlanner::with_extension(
@@ -146,6 +154,7 @@ impl BasinQueryPlanner {
                 state.config().ballista_logical_extension_codec(),
             ),
             local: DefaultPhysicalPlanner::default(),
+            cluster,
         }
     }
 }
@@ -216,6 +225,29 @@ impl BasinQueryPlanner {
     }
 }
 
+impl BasinQueryPlanner {
+    /// A query of one stage, planned here and streamed from the executors; `None` when it
+    /// needs a Ballista job (exchanges, no executor yet, or a plan that cannot travel).
+    async fn plan_streamed(
+        &self,
+        plan: &LogicalPlan,
+        state: &SessionState,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let Some(cluster) = &self.cluster else {
+            return Ok(None);
+        };
+        if !streamed::may_stream(plan) {
+            return Ok(None);
+        }
+        let executors = cluster.active_executors().await;
+        if executors.is_empty() {
+            return Ok(None);
+        }
+        let physical = self.local.create_physical_plan(plan, state).await?;
+        Ok(streamed::stream_stage(physical, &executors))
+    }
+}
+
 fn writes_memory_table(plan: &LogicalPlan) -> bool {
     match plan {
         LogicalPlan::Dml(DmlStatement { target, .. }) => source_as_provider(target)
@@ -241,6 +273,8 @@ impl QueryPlanner for BasinQueryPlanner {
             self.local
                 .create_physical_plan(logical_plan, session_state)
                 .await
+        } else if let Some(plan) = self.plan_streamed(logical_plan, session_state).await? {
+            Ok(plan)
         } else {
             self.distributed
                 .create_physical_plan(logical_plan, session_state)

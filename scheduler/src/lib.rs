@@ -7,6 +7,7 @@
 //!                   │ logical plan, encoded by basin-connectors' codec
 //!                   ▼
 //!  server::start ─► Ballista scheduler (push-staged) ─► tasks ─► executors
+//!  one-stage queries ─► streamed::StreamedStageExec ─► executors stream batches back
 //! ```
 
 pub mod flight_sql;
@@ -15,6 +16,7 @@ pub mod joins;
 pub mod server;
 pub mod session;
 pub mod sql;
+pub mod streamed;
 
 pub use frontend::connect;
 pub use server::{ClusterView, SchedulerHandle, SchedulerOptions, start};

@@ -75,6 +75,33 @@ impl ClusterView {
 }
 
 impl ClusterView {
+    /// The executors that take work now: registered and not shutting down.
+    pub async fn active_executors(&self) -> Vec<ExecutorInfo> {
+        self.executors(true).await
+    }
+
+    /// The registered executors; with `active_only`, those not shutting down.
+    async fn executors(&self, active_only: bool) -> Vec<ExecutorInfo> {
+        use ballista_core::serde::protobuf::executor_status::Status;
+        let manager = &self.server.state.executor_manager;
+        let state = manager.get_executors_state().await.unwrap_or_default();
+        state
+            .into_iter()
+            .filter(|(m, _, _)| {
+                !active_only
+                    || manager.get_executor_hearbeat(&m.id).is_none_or(|hb| {
+                        matches!(hb.status.and_then(|s| s.status), Some(Status::Active(_)))
+                    })
+            })
+            .map(|(m, _, _)| ExecutorInfo {
+                id: m.id,
+                host: m.host,
+                port: m.port,
+                task_slots: m.specification.task_slots,
+            })
+            .collect()
+    }
+
     /// Cancels the running jobs named `name`; returns how many.
     pub async fn cancel_jobs_named(&self, name: &str) -> usize {
         // The cache of active jobs: listing all jobs fails as soon as one finished job's
@@ -124,22 +151,7 @@ impl SchedulerHandle {
 
     /// The executors that have registered.
     pub async fn executors(&self) -> Vec<ExecutorInfo> {
-        let state = self
-            .server
-            .state
-            .executor_manager
-            .get_executors_state()
-            .await
-            .unwrap_or_default();
-        state
-            .into_iter()
-            .map(|(m, _, _)| ExecutorInfo {
-                id: m.id,
-                host: m.host,
-                port: m.port,
-                task_slots: m.specification.task_slots,
-            })
-            .collect()
+        self.cluster_view().executors(false).await
     }
 
     /// Waits until at least `n` executors have registered.

@@ -295,7 +295,7 @@ async fn run() -> std::process::ExitCode {
                 let url = cluster.url();
                 let cfg = config.clone();
                 let connect: Connect = Arc::new(move || {
-                    basin_scheduler::connect(&cfg, &url, 4).map_err(|e| e.to_string())
+                    basin_scheduler::connect(&cfg, &url, 4, None).map_err(|e| e.to_string())
                 });
                 let (p, f) = run_files("cluster", &files, connect, false).await;
                 passed += p;

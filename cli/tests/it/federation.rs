@@ -828,6 +828,32 @@ fn cross_source_join_runs_on_the_executors() {
         copies.join("\n")
     );
 
+    // One stage (a full extraction): the ctid splits run on both executors and stream back
+    // over Flight as they are read, without a Ballista job or shuffle files.
+    let before = std::fs::metadata(&f.s.pg_log).map(|m| m.len()).unwrap_or(0);
+    let out = cluster.sql(&format!("SELECT id, amount FROM pg.{n}.orders"));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows = stdout(&out);
+    assert_eq!(rows.lines().count(), 200_001, "header + 200000 rows");
+    assert!(rows.lines().any(|l| l == "200000,0.00"), "last row missing");
+    std::thread::sleep(Duration::from_millis(300));
+    let log = log_since(&f.s.pg_log, before);
+    let copies: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("COPY") && l.contains("ctid") && l.contains(n.as_str()))
+        .collect();
+    assert!(
+        copies.len() >= 2 && copies.iter().all(|l| l.contains("basin executor: ")),
+        "expected ctid splits read by executors:\n{log}"
+    );
+    for i in 0..2 {
+        let log = std::fs::read_to_string(f.dir.join(format!("executor-{i}.log"))).unwrap();
+        assert!(
+            log.contains("streaming a stage partition"),
+            "executor {i} streamed no partition:\n{log}"
+        );
+    }
+
     // MariaDB: a table larger than split_size_bytes is read in primary-key ranges.
     f.my(
         "CREATE TABLE events (id int PRIMARY KEY, nation int, pad varchar(64)); \

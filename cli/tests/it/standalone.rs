@@ -79,6 +79,64 @@ fn unknown_table_is_a_one_line_error() {
 }
 
 #[test]
+fn one_stage_queries_stream_and_their_errors_read_plainly() {
+    // An ungrouped aggregate and a filtered scan: one stage, streamed from the executors.
+    let sql = "SELECT count(*) AS n, sum(l_quantity) AS q FROM tpch.tiny.lineitem \
+               WHERE l_shipmode = 'AIR'";
+    let log = [("BASIN_LOG", "basin_executor=info")];
+    let out = basin(&["standalone", "--format", "csv", "-e", sql], &log);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("streaming a stage partition"),
+        "{}",
+        stderr(&out)
+    );
+    let streamed = stdout(&out);
+
+    // The same query as a Ballista job gives the same answer.
+    let dir = scratch_dir("nostream");
+    let file = dir.join("basin.toml");
+    std::fs::write(&file, "[server]\nstreamed_stages = false\n").unwrap();
+    let config = file.to_str().unwrap();
+    let out = basin(
+        &[
+            "standalone",
+            "--config",
+            config,
+            "--format",
+            "csv",
+            "-e",
+            sql,
+        ],
+        &log,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        !stderr(&out).contains("streaming a stage partition"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(stdout(&out), streamed);
+
+    // An error on an executor reaches the client as the executor said it.
+    let out = basin(
+        &[
+            "standalone",
+            "-e",
+            "SELECT 1 / (l_linenumber - l_linenumber) FROM tpch.tiny.lineitem",
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    let error: Vec<&str> = err.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert_eq!(error.len(), 1, "{err}");
+    assert!(error[0].contains("Divide by zero"), "{err}");
+    assert!(!error[0].contains("stream-"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn syntax_error_exits_non_zero() {
     let out = basin(&["standalone", "-e", "SELEC 1"], &[]);
     assert!(!out.status.success());

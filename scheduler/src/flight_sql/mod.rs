@@ -48,7 +48,12 @@ impl SessionFactory {
 
     /// A new front-end session.
     pub fn connect(&self, task_slots: usize) -> datafusion::error::Result<SessionContext> {
-        crate::frontend::connect(&self.config, &self.scheduler_url, task_slots)
+        crate::frontend::connect(
+            &self.config,
+            &self.scheduler_url,
+            task_slots,
+            Some(self.cluster.clone()),
+        )
     }
 }
 

@@ -1,0 +1,237 @@
+//! The executor's Arrow Flight service: Ballista's shuffle-file fetches, plus streamed
+//! stages — one partition of a plan that the scheduler sends in the ticket, run here and
+//! streamed straight back, with no shuffle file in between.
+//!
+//! ```text
+//!  scheduler ──DoGet(BASIN-STAGE ticket: plan, partition, settings)──► executor
+//!            ◄──────────── Arrow batches, as the plan produces them ──────┘
+//!  others    ──DoGet(FetchPartition) / DoAction ──► Ballista's BallistaFlightService
+//! ```
+//!
+//! Dropping the response stream (the client went away, or the query was cancelled) drops
+//! the running plan, which cancels its remote queries.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult, Ticket,
+};
+use ballista_core::error::BallistaError;
+use ballista_core::extension::SessionConfigHelperExt;
+use ballista_core::registry::BallistaFunctionRegistry;
+use ballista_core::serde::protobuf::TaskDefinition;
+use ballista_core::utils::{GrpcServerConfig, create_grpc_server};
+use ballista_core::{ConfigProducer, RuntimeProducer};
+use ballista_executor::ArrowFlightServerProvider;
+use ballista_executor::flight_service::BallistaFlightService;
+use ballista_executor::shutdown::Shutdown;
+use basin_connectors::codec::{decode_stage_ticket, physical_codec};
+use datafusion::error::DataFusionError;
+use datafusion::execution::TaskContext;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion_proto::physical_plan::AsExecutionPlan;
+use datafusion_proto::protobuf::PhysicalPlanNode;
+use futures::{Stream, TryStreamExt};
+
+use crate::engine::{TaskLog, TaskRecord};
+use tonic::{Request, Response, Status, Streaming};
+
+type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// Flight messages are split well below this; it bounds what a peer may make us buffer.
+const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+/// What a streamed stage needs to decode and run its plan, as Ballista's own tasks do.
+#[derive(Clone)]
+pub(crate) struct StageRuntime {
+    pub runtime: RuntimeProducer,
+    pub config: ConfigProducer,
+    pub functions: Arc<BallistaFunctionRegistry>,
+    /// `host:port` of this executor, for the task log.
+    pub name: String,
+    pub log: Option<TaskLog>,
+}
+
+/// Ballista's Flight service with streamed stages added.
+#[derive(Clone)]
+pub(crate) struct ExecutorFlight {
+    shuffle: BallistaFlightService,
+    stages: StageRuntime,
+}
+
+impl ExecutorFlight {
+    fn run_stage(&self, task: TaskDefinition) -> Result<Boxed<FlightData>, Status> {
+        let config = (self.stages.config)().update_from_key_value_pair(&task.props);
+        let runtime = (self.stages.runtime)(&config).map_err(stage_error)?;
+        let functions = &self.stages.functions;
+        let ctx = TaskContext::new(
+            Some(task.job_id.clone()),
+            task.session_id.clone(),
+            config,
+            functions.scalar_functions.clone(),
+            functions.aggregate_functions.clone(),
+            functions.window_functions.clone(),
+            runtime,
+        );
+        let codec = physical_codec();
+        let plan: Arc<dyn ExecutionPlan> = PhysicalPlanNode::try_decode(&task.plan)
+            .and_then(|node| node.try_into_physical_plan(&ctx, codec.as_ref()))
+            .map_err(stage_error)?;
+        let partition = task.partition_id as usize;
+        let partitions = plan.properties().partitioning.partition_count();
+        if partition >= partitions {
+            return Err(Status::invalid_argument(format!(
+                "streamed stage {}: partition {partition} of a plan with {partitions} partitions",
+                task.job_id
+            )));
+        }
+        tracing::info!(
+            executor = %self.stages.name,
+            stage = %task.job_id,
+            partition,
+            "streaming a stage partition"
+        );
+        if let Some(log) = &self.stages.log {
+            log.push(TaskRecord {
+                executor: self.stages.name.clone(),
+                job_id: task.job_id.clone(),
+                stage_id: 0,
+                partition,
+            });
+        }
+        let stream = plan
+            .execute(partition, Arc::new(ctx))
+            .map_err(stage_error)?;
+        let schema = stream.schema();
+        let batches = stream.map_err(|e| FlightError::Tonic(Box::new(stage_error(e))));
+        let flight = FlightDataEncoderBuilder::new()
+            .with_schema(schema)
+            .build(batches)
+            .map_err(Status::from);
+        Ok(Box::pin(flight))
+    }
+}
+
+/// The error as the user should read it: the message without DataFusion's kind prefix.
+fn stage_error(e: DataFusionError) -> Status {
+    Status::internal(e.message().into_owned())
+}
+
+#[tonic::async_trait]
+impl FlightService for ExecutorFlight {
+    type HandshakeStream = Boxed<HandshakeResponse>;
+    type ListFlightsStream = Boxed<FlightInfo>;
+    type DoGetStream = Boxed<FlightData>;
+    type DoPutStream = Boxed<PutResult>;
+    type DoActionStream = Boxed<arrow_flight::Result>;
+    type ListActionsStream = Boxed<ActionType>;
+    type DoExchangeStream = Boxed<FlightData>;
+
+    async fn do_get(
+        &self,
+        request: Request<Ticket>,
+    ) -> Result<Response<Self::DoGetStream>, Status> {
+        match decode_stage_ticket(&request.get_ref().ticket) {
+            Some(task) => {
+                let task = task.map_err(|e| Status::invalid_argument(e.to_string()))?;
+                Ok(Response::new(self.run_stage(task)?))
+            }
+            None => self.shuffle.do_get(request).await,
+        }
+    }
+
+    async fn handshake(
+        &self,
+        request: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<Self::HandshakeStream>, Status> {
+        self.shuffle.handshake(request).await
+    }
+
+    async fn list_flights(
+        &self,
+        request: Request<Criteria>,
+    ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        self.shuffle.list_flights(request).await
+    }
+
+    async fn get_flight_info(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        self.shuffle.get_flight_info(request).await
+    }
+
+    async fn poll_flight_info(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<PollInfo>, Status> {
+        self.shuffle.poll_flight_info(request).await
+    }
+
+    async fn get_schema(
+        &self,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<SchemaResult>, Status> {
+        self.shuffle.get_schema(request).await
+    }
+
+    async fn do_put(
+        &self,
+        request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoPutStream>, Status> {
+        self.shuffle.do_put(request).await
+    }
+
+    async fn do_action(
+        &self,
+        request: Request<Action>,
+    ) -> Result<Response<Self::DoActionStream>, Status> {
+        self.shuffle.do_action(request).await
+    }
+
+    async fn list_actions(
+        &self,
+        request: Request<Empty>,
+    ) -> Result<Response<Self::ListActionsStream>, Status> {
+        self.shuffle.list_actions(request).await
+    }
+
+    async fn do_exchange(
+        &self,
+        request: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        self.shuffle.do_exchange(request).await
+    }
+}
+
+/// Starts [`ExecutorFlight`] where Ballista would start its own Flight service.
+pub(crate) fn provider(stages: StageRuntime) -> Arc<ArrowFlightServerProvider> {
+    Arc::new(
+        move |work_dir: String,
+              address: SocketAddr,
+              mut shutdown: Shutdown,
+              grpc: GrpcServerConfig| {
+            let service = ExecutorFlight {
+                shuffle: BallistaFlightService::new(work_dir),
+                stages: stages.clone(),
+            };
+            tokio::spawn(async move {
+                create_grpc_server(&grpc)
+                    .add_service(
+                        FlightServiceServer::new(service)
+                            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                    )
+                    .serve_with_shutdown(address, async move { shutdown.recv().await })
+                    .await
+                    .map_err(BallistaError::TonicError)
+            })
+        },
+    )
+}
