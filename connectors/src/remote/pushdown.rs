@@ -20,8 +20,8 @@ use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::expr::{AggregateFunction, Alias};
 use datafusion::logical_expr::utils::{conjunction, split_conjunction};
 use datafusion::logical_expr::{
-    BinaryExpr, Expr, ExprSchemable, FetchType, Filter, JoinType, LogicalPlan, LogicalPlanBuilder,
-    Operator, Projection, Sort, TableScan,
+    Aggregate, BinaryExpr, Expr, ExprSchemable, FetchType, Filter, JoinType, LogicalPlan,
+    LogicalPlanBuilder, Operator, Projection, Sort, TableScan,
 };
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 use datafusion::sql::unparser::Unparser;
@@ -73,6 +73,21 @@ fn rewrite(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
             Err(e) => tracing::debug!(source = %source.name, "not pushed: {e}"),
         }
     }
+    // DataFusion's common-subexpression elimination leaves an aggregate over a projection of
+    // `__common_expr_N` columns (TPC-H Q1), which the unparser turns into SQL that names
+    // tables outside their subquery: push the aggregate with the projection inlined.
+    if let LogicalPlan::Aggregate(a) = &plan
+        && let LogicalPlan::Projection(p) = a.input.as_ref()
+        && let Some(inlined) = inline_projection(a, p)?
+    {
+        let mut facts = Facts::new();
+        if let Some(source) = pushable(&inlined, &mut facts) {
+            match push(&inlined, &source) {
+                Ok(replaced) => return Ok(Transformed::yes(replaced)),
+                Err(e) => tracing::debug!(source = %source.name, "not pushed: {e}"),
+            }
+        }
+    }
     // A filter whose predicate is only partly pushable: push the pushable conjuncts.
     if let LogicalPlan::Filter(f) = &plan {
         let mut facts = Facts::new();
@@ -103,6 +118,52 @@ fn rewrite(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
     }
     plan.map_children(rewrite)?
         .transform_data(|p| p.map_subqueries(rewrite))
+}
+
+/// `a` computed directly on `p`'s input (the projection's expressions substituted for its
+/// columns), under a projection that restores `a`'s output names; `None` when `p` has a
+/// volatile expression (inlining could evaluate it more or fewer times).
+fn inline_projection(a: &Aggregate, p: &Projection) -> Result<Option<LogicalPlan>> {
+    if p.expr.iter().any(|e| e.is_volatile()) {
+        return Ok(None);
+    }
+    let definitions: HashMap<Column, Expr> = p
+        .schema
+        .columns()
+        .into_iter()
+        .zip(p.expr.iter().map(|e| e.clone().unalias()))
+        .collect();
+    let inline = |e: &Expr| -> Result<Expr> {
+        e.clone()
+            .transform(|x| match x {
+                Expr::Column(c) => Ok(match definitions.get(&c) {
+                    Some(d) => Transformed::yes(d.clone()),
+                    None => Transformed::no(Expr::Column(c)),
+                }),
+                other => Ok(Transformed::no(other)),
+            })
+            .map(|t| t.data)
+    };
+    let group = a
+        .group_expr
+        .iter()
+        .map(inline)
+        .collect::<Result<Vec<_>>>()?;
+    let aggr = a.aggr_expr.iter().map(inline).collect::<Result<Vec<_>>>()?;
+    let Ok(inner) = Aggregate::try_new(p.input.clone(), group, aggr) else {
+        return Ok(None);
+    };
+    let inner = LogicalPlan::Aggregate(inner);
+    let renamed: Vec<Expr> = inner
+        .schema()
+        .columns()
+        .into_iter()
+        .zip(a.schema.iter())
+        .map(|(c, (q, f))| Expr::Column(c).alias_qualified(q.cloned(), f.name()))
+        .collect();
+    Ok(Some(
+        LogicalPlanBuilder::from(inner).project(renamed)?.build()?,
+    ))
 }
 
 /// Names that cannot be quoted safely everywhere keep their subtree in Basin.
