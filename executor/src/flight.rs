@@ -31,11 +31,11 @@ use ballista_core::{ConfigProducer, RuntimeProducer};
 use ballista_executor::ArrowFlightServerProvider;
 use ballista_executor::flight_service::BallistaFlightService;
 use ballista_executor::shutdown::Shutdown;
-use basin_connectors::codec::{decode_stage_ticket, physical_codec};
+use basin_connectors::codec::decode_stage_ticket;
 use datafusion::error::DataFusionError;
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion_proto::physical_plan::AsExecutionPlan;
+use datafusion_proto::physical_plan::{AsExecutionPlan, PhysicalExtensionCodec};
 use datafusion_proto::protobuf::PhysicalPlanNode;
 use futures::{Stream, TryStreamExt};
 
@@ -53,6 +53,7 @@ pub(crate) struct StageRuntime {
     pub runtime: RuntimeProducer,
     pub config: ConfigProducer,
     pub functions: Arc<BallistaFunctionRegistry>,
+    pub codec: Arc<dyn PhysicalExtensionCodec>,
     /// `host:port` of this executor, for the task log.
     pub name: String,
     pub log: Option<TaskLog>,
@@ -79,9 +80,8 @@ impl ExecutorFlight {
             functions.window_functions.clone(),
             runtime,
         );
-        let codec = physical_codec();
         let plan: Arc<dyn ExecutionPlan> = PhysicalPlanNode::try_decode(&task.plan)
-            .and_then(|node| node.try_into_physical_plan(&ctx, codec.as_ref()))
+            .and_then(|node| node.try_into_physical_plan(&ctx, self.stages.codec.as_ref()))
             .map_err(stage_error)?;
         let partition = task.partition_id as usize;
         let partitions = plan.properties().partitioning.partition_count();

@@ -130,6 +130,7 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
         runtime: runtime_producer.clone(),
         config: config_producer.clone(),
         functions: functions.clone(),
+        codec: physical_codec(),
         name: name.clone(),
         log: options.task_log.clone(),
     });

@@ -60,17 +60,11 @@ pub struct ClusterView {
 impl ClusterView {
     /// Total task slots of the registered executors.
     pub async fn task_slots(&self) -> usize {
-        self.server
-            .state
-            .executor_manager
-            .get_executors_state()
+        self.executors(false)
             .await
-            .map(|v| {
-                v.iter()
-                    .map(|(m, _, _)| m.specification.task_slots as usize)
-                    .sum()
-            })
-            .unwrap_or(0)
+            .iter()
+            .map(|e| e.task_slots as usize)
+            .sum()
     }
 }
 

@@ -25,7 +25,7 @@ use arrow_flight::flight_service_client::FlightServiceClient;
 use ballista_core::extension::SessionConfigHelperExt;
 use ballista_core::serde::protobuf::TaskDefinition;
 use basin_connectors::codec::{encode_stage_ticket, physical_codec};
-use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::TreeNode;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{Aggregate, LogicalPlan, TableScan};
@@ -58,30 +58,24 @@ static NEXT_EXECUTOR: AtomicUsize = AtomicUsize::new(0);
 /// limits, sorts, unions and ungrouped aggregates. Joins, grouped aggregates, windows and
 /// anything else need exchanges; `information_schema` runs here, as Ballista runs it.
 pub(crate) fn may_stream(plan: &LogicalPlan) -> bool {
-    let mut ok = true;
-    let _ = plan.apply(|node| {
-        ok = match node {
-            LogicalPlan::TableScan(TableScan { table_name, .. }) => {
-                table_name.schema() != Some("information_schema")
-            }
-            LogicalPlan::Aggregate(Aggregate { group_expr, .. }) => group_expr.is_empty(),
-            LogicalPlan::Projection(_)
-            | LogicalPlan::Filter(_)
-            | LogicalPlan::Limit(_)
-            | LogicalPlan::Sort(_)
-            | LogicalPlan::Union(_)
-            | LogicalPlan::SubqueryAlias(_)
-            | LogicalPlan::EmptyRelation(_)
-            | LogicalPlan::Values(_) => true,
-            _ => false,
-        };
-        Ok(if ok {
-            TreeNodeRecursion::Continue
-        } else {
-            TreeNodeRecursion::Stop
-        })
-    });
-    ok
+    let needs_cluster = |node: &LogicalPlan| match node {
+        LogicalPlan::TableScan(TableScan { table_name, .. }) => {
+            table_name.schema() == Some("information_schema")
+        }
+        LogicalPlan::Aggregate(Aggregate { group_expr, .. }) => !group_expr.is_empty(),
+        LogicalPlan::Projection(_)
+        | LogicalPlan::Filter(_)
+        | LogicalPlan::Limit(_)
+        | LogicalPlan::Sort(_)
+        | LogicalPlan::Union(_)
+        | LogicalPlan::SubqueryAlias(_)
+        | LogicalPlan::EmptyRelation(_)
+        | LogicalPlan::Values(_) => false,
+        _ => true,
+    };
+    !plan
+        .exists(|node| Ok(needs_cluster(node)))
+        .expect("the closure never fails")
 }
 
 /// Rewrites `plan` so that its one stage streams from `executors`, or returns `None` when the
