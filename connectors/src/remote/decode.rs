@@ -2,14 +2,18 @@
 
 use std::sync::Arc;
 
+use std::any::Any;
+
 use datafusion::arrow::array::{
     ArrayBuilder, ArrayRef, BinaryBuilder, BooleanBuilder, Date32Builder, Decimal128Builder,
     Decimal256Builder, Float32Builder, Float64Builder, Int8Builder, Int16Builder, Int32Builder,
     Int64Builder, IntervalMonthDayNanoBuilder, ListBuilder, StringBuilder,
     Time64MicrosecondBuilder, TimestampMicrosecondBuilder, UInt8Builder, UInt16Builder,
-    UInt32Builder, UInt64Builder, make_builder,
+    UInt32Builder, UInt64Builder,
 };
-use datafusion::arrow::datatypes::{DataType, IntervalMonthDayNano, SchemaRef, i256};
+use datafusion::arrow::datatypes::{
+    DataType, IntervalMonthDayNano, IntervalUnit, SchemaRef, TimeUnit, i256,
+};
 use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::error::{DataFusionError, Result};
 
@@ -83,6 +87,104 @@ macro_rules! parse_decimal_as {
 parse_decimal_as!(parse_decimal, i256, i256::from_i128, i256::ONE);
 parse_decimal_as!(parse_decimal_i128, i128, |v: i128| v, 1i128);
 
+/// PostgreSQL's binary `numeric`: base-10000 digits and the weight of the first one.
+struct PgNumeric<'a> {
+    negative: bool,
+    weight: i32,
+    digits: &'a [u8],
+}
+
+/// Splits a binary `numeric` (ndigits, weight, sign, dscale, then ndigits base-10000 digits,
+/// all big-endian 16-bit); `None` for NaN and ±Infinity (read as NULL).
+fn pg_numeric(v: &[u8]) -> Result<Option<PgNumeric<'_>>> {
+    let word = |at: usize| u16::from_be_bytes([v[at], v[at + 1]]);
+    if v.len() < 8 {
+        return Err(bad(
+            "numeric",
+            format!("{} bytes, expected at least 8", v.len()),
+        ));
+    }
+    let ndigits = word(0) as usize;
+    let digits = &v[8..];
+    if digits.len() != ndigits * 2 {
+        return Err(bad(
+            "numeric",
+            format!("{} digit bytes, expected {}", digits.len(), ndigits * 2),
+        ));
+    }
+    let negative = match word(4) {
+        0x0000 => false,
+        0x4000 => true,
+        _ => return Ok(None), // NaN, +Infinity, -Infinity
+    };
+    Ok(Some(PgNumeric {
+        negative,
+        weight: word(2) as i16 as i32,
+        digits,
+    }))
+}
+
+macro_rules! pg_numeric_as {
+    ($name:ident, $t:ty, $from:expr, $one:expr) => {
+        /// A binary `numeric` as an integer scaled by `scale`, rounding half away from zero
+        /// (no text detour: PostgreSQL sends it cheaper, Basin reads it cheaper).
+        pub fn $name(v: &[u8], scale: i8) -> Result<Option<$t>> {
+            let Some(n) = pg_numeric(v)? else {
+                return Ok(None);
+            };
+            let overflow = || bad("numeric", "value overflows its Arrow decimal");
+            let ten: $t = $from(10);
+            let shift = |mut acc: $t, places: i32| -> Result<$t> {
+                for _ in 0..places {
+                    acc = acc.checked_mul(ten).ok_or_else(overflow)?;
+                }
+                Ok(acc)
+            };
+            // Digit i is worth digit * 10^(4 * (weight - i)); scaled, its place is
+            // 4 * (weight - i) + scale. `acc` is worth acc * 10^acc_place.
+            let mut place = 4 * n.weight + scale.max(0) as i32;
+            let (mut acc, mut acc_place): ($t, i32) = ($from(0), 0);
+            let mut round_up = false;
+            for pair in n.digits.chunks_exact(2) {
+                let digit = u16::from_be_bytes([pair[0], pair[1]]) as u32;
+                if digit > 9999 {
+                    return Err(bad("numeric", format!("digit {digit} is not base 10000")));
+                }
+                if place >= 0 {
+                    acc = acc
+                        .checked_mul($from(10_000))
+                        .and_then(|a| a.checked_add($from(digit as i128)))
+                        .ok_or_else(overflow)?;
+                    acc_place = place;
+                } else {
+                    // The first digit below the scale: its leading part still counts, the
+                    // next decimal digit decides the rounding, later digits cannot matter.
+                    acc = shift(acc, acc_place)?;
+                    acc_place = 0;
+                    let drop = (-place) as u32;
+                    if drop <= 4 {
+                        // u32 arithmetic: i128 division is a library call.
+                        acc = acc
+                            .checked_add($from((digit / 10u32.pow(drop)) as i128))
+                            .ok_or_else(overflow)?;
+                        round_up = digit / 10u32.pow(drop - 1) % 10 >= 5;
+                    }
+                    break;
+                }
+                place -= 4;
+            }
+            let mut acc = shift(acc, acc_place)?;
+            if round_up {
+                acc = acc.checked_add($one).ok_or_else(overflow)?;
+            }
+            Ok(Some(if n.negative { acc.wrapping_neg() } else { acc }))
+        }
+    };
+}
+
+pg_numeric_as!(pg_numeric_i256, i256, i256::from_i128, i256::ONE);
+pg_numeric_as!(pg_numeric_i128, i128, |v: i128| v, 1i128);
+
 fn parse_date(text: &str) -> Result<Option<i32>> {
     if text.starts_with("0000-00-00") {
         return Ok(None); // MySQL's zero date
@@ -123,33 +225,156 @@ where
         .map_err(|e| bad(what, format!("`{text}`: {e}")))
 }
 
-/// Column builders, one per result column.
-pub struct Columns {
-    schema: SchemaRef,
-    builders: Vec<Box<dyn ArrayBuilder>>,
-    rows: usize,
+/// One column's Arrow builder, typed once per column: a value is appended with one `match`
+/// instead of a trait-object downcast and a data-type lookup per value.
+enum Builder {
+    Boolean(BooleanBuilder),
+    Int8(Int8Builder),
+    Int16(Int16Builder),
+    Int32(Int32Builder),
+    Int64(Int64Builder),
+    UInt8(UInt8Builder),
+    UInt16(UInt16Builder),
+    UInt32(UInt32Builder),
+    UInt64(UInt64Builder),
+    Float32(Float32Builder),
+    Float64(Float64Builder),
+    Utf8(StringBuilder),
+    Binary(BinaryBuilder),
+    Date32(Date32Builder),
+    Timestamp(TimestampMicrosecondBuilder),
+    Time64(Time64MicrosecondBuilder),
+    Interval(IntervalMonthDayNanoBuilder),
+    Decimal128(Decimal128Builder, i8),
+    Decimal256(Decimal256Builder, i8),
+    List(Box<ListBuilder<Builder>>),
 }
 
-macro_rules! builder {
-    ($b:expr, $t:ty) => {
-        $b.as_any_mut()
-            .downcast_mut::<$t>()
-            .expect("builder matches its data type")
+/// Runs `$e` with `$b` bound to the concrete builder inside a `Builder`.
+macro_rules! each_builder {
+    ($self:expr, $b:ident => $e:expr) => {
+        match $self {
+            Builder::Boolean($b) => $e,
+            Builder::Int8($b) => $e,
+            Builder::Int16($b) => $e,
+            Builder::Int32($b) => $e,
+            Builder::Int64($b) => $e,
+            Builder::UInt8($b) => $e,
+            Builder::UInt16($b) => $e,
+            Builder::UInt32($b) => $e,
+            Builder::UInt64($b) => $e,
+            Builder::Float32($b) => $e,
+            Builder::Float64($b) => $e,
+            Builder::Utf8($b) => $e,
+            Builder::Binary($b) => $e,
+            Builder::Date32($b) => $e,
+            Builder::Timestamp($b) => $e,
+            Builder::Time64($b) => $e,
+            Builder::Interval($b) => $e,
+            Builder::Decimal128($b, _) => $e,
+            Builder::Decimal256($b, _) => $e,
+            Builder::List($b) => $e,
+        }
     };
 }
 
+impl Builder {
+    fn new(data_type: &DataType, capacity: usize) -> Result<Self> {
+        Ok(match data_type {
+            DataType::Boolean => Self::Boolean(BooleanBuilder::with_capacity(capacity)),
+            DataType::Int8 => Self::Int8(Int8Builder::with_capacity(capacity)),
+            DataType::Int16 => Self::Int16(Int16Builder::with_capacity(capacity)),
+            DataType::Int32 => Self::Int32(Int32Builder::with_capacity(capacity)),
+            DataType::Int64 => Self::Int64(Int64Builder::with_capacity(capacity)),
+            DataType::UInt8 => Self::UInt8(UInt8Builder::with_capacity(capacity)),
+            DataType::UInt16 => Self::UInt16(UInt16Builder::with_capacity(capacity)),
+            DataType::UInt32 => Self::UInt32(UInt32Builder::with_capacity(capacity)),
+            DataType::UInt64 => Self::UInt64(UInt64Builder::with_capacity(capacity)),
+            DataType::Float32 => Self::Float32(Float32Builder::with_capacity(capacity)),
+            DataType::Float64 => Self::Float64(Float64Builder::with_capacity(capacity)),
+            DataType::Utf8 => Self::Utf8(StringBuilder::with_capacity(capacity, capacity * 16)),
+            DataType::Binary => Self::Binary(BinaryBuilder::with_capacity(capacity, capacity * 16)),
+            DataType::Date32 => Self::Date32(Date32Builder::with_capacity(capacity)),
+            DataType::Timestamp(TimeUnit::Microsecond, tz) => Self::Timestamp(
+                TimestampMicrosecondBuilder::with_capacity(capacity).with_timezone_opt(tz.clone()),
+            ),
+            DataType::Time64(TimeUnit::Microsecond) => {
+                Self::Time64(Time64MicrosecondBuilder::with_capacity(capacity))
+            }
+            DataType::Interval(IntervalUnit::MonthDayNano) => {
+                Self::Interval(IntervalMonthDayNanoBuilder::with_capacity(capacity))
+            }
+            DataType::Decimal128(p, s) => Self::Decimal128(
+                Decimal128Builder::with_capacity(capacity).with_precision_and_scale(*p, *s)?,
+                *s,
+            ),
+            DataType::Decimal256(p, s) => Self::Decimal256(
+                Decimal256Builder::with_capacity(capacity).with_precision_and_scale(*p, *s)?,
+                *s,
+            ),
+            DataType::List(item) => Self::List(Box::new(
+                ListBuilder::with_capacity(Builder::new(item.data_type(), capacity)?, capacity)
+                    .with_field(item.clone()),
+            )),
+            other => {
+                return Err(DataFusionError::Internal(format!(
+                    "no reader for source values of type {other}"
+                )));
+            }
+        })
+    }
+
+    fn append_null(&mut self) {
+        each_builder!(self, b => b.append_null())
+    }
+}
+
+impl ArrayBuilder for Builder {
+    fn len(&self) -> usize {
+        each_builder!(self, b => b.len())
+    }
+
+    fn finish(&mut self) -> ArrayRef {
+        each_builder!(self, b => Arc::new(b.finish()))
+    }
+
+    fn finish_cloned(&self) -> ArrayRef {
+        each_builder!(self, b => Arc::new(b.finish_cloned()))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn into_box_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+}
+
+/// Column builders, one per result column.
+pub struct Columns {
+    schema: SchemaRef,
+    builders: Vec<Builder>,
+    rows: usize,
+}
+
 impl Columns {
-    pub fn new(schema: SchemaRef, capacity: usize) -> Self {
+    /// Fails for a column type no source reader produces (the type mapping never asks).
+    pub fn new(schema: SchemaRef, capacity: usize) -> Result<Self> {
         let builders = schema
             .fields()
             .iter()
-            .map(|f| make_builder(f.data_type(), capacity))
-            .collect();
-        Self {
+            .map(|f| Builder::new(f.data_type(), capacity))
+            .collect::<Result<_>>()?;
+        Ok(Self {
             schema,
             builders,
             rows: 0,
-        }
+        })
     }
 
     pub fn rows(&self) -> usize {
@@ -180,20 +405,12 @@ impl Columns {
 
     /// Appends one PostgreSQL binary-format value (`None` = NULL) to column `i`.
     pub fn push_pg(&mut self, i: usize, value: Option<&[u8]>) -> Result<()> {
-        push_pg(
-            self.builders[i].as_mut(),
-            self.schema.field(i).data_type(),
-            value,
-        )
+        push_pg(&mut self.builders[i], value)
     }
 
     /// Appends one MySQL text-protocol value to column `i`.
     pub fn push_mysql(&mut self, i: usize, value: Option<&[u8]>) -> Result<()> {
-        push_mysql(
-            self.builders[i].as_mut(),
-            self.schema.field(i).data_type(),
-            value,
-        )
+        push_mysql(&mut self.builders[i], value)
     }
 }
 
@@ -201,52 +418,22 @@ fn text<'a>(v: &'a [u8], what: &str) -> Result<&'a str> {
     std::str::from_utf8(v).map_err(|e| bad(what, e))
 }
 
-fn push_decimal(b: &mut dyn ArrayBuilder, data_type: &DataType, v: Option<&str>) -> Result<()> {
-    let scale = match data_type {
-        DataType::Decimal128(_, s) | DataType::Decimal256(_, s) => *s,
-        _ => 0,
-    };
-    match data_type {
-        // i128 arithmetic: the common case, several times cheaper than i256.
-        DataType::Decimal128(_, _) => {
-            let parsed = v.map(|t| parse_decimal_i128(t, scale)).transpose()?;
-            builder!(b, Decimal128Builder).append_option(parsed.flatten())
-        }
-        _ => {
-            let parsed = v.map(|t| parse_decimal(t, scale)).transpose()?;
-            builder!(b, Decimal256Builder).append_option(parsed.flatten())
-        }
-    }
-    Ok(())
-}
-
-fn push_pg(b: &mut dyn ArrayBuilder, data_type: &DataType, value: Option<&[u8]>) -> Result<()> {
+fn push_pg(b: &mut Builder, value: Option<&[u8]>) -> Result<()> {
     let Some(v) = value else {
-        append_null(b, data_type);
+        b.append_null();
         return Ok(());
     };
-    match data_type {
-        DataType::Boolean => builder!(b, BooleanBuilder).append_value(v.first() == Some(&1)),
-        DataType::Int16 => {
-            builder!(b, Int16Builder).append_value(i16::from_be_bytes(be(v, "int2")?))
-        }
-        DataType::Int32 => {
-            builder!(b, Int32Builder).append_value(i32::from_be_bytes(be(v, "int4")?))
-        }
-        DataType::Int64 => {
-            builder!(b, Int64Builder).append_value(i64::from_be_bytes(be(v, "int8")?))
-        }
-        DataType::Float32 => {
-            builder!(b, Float32Builder).append_value(f32::from_be_bytes(be(v, "float4")?))
-        }
-        DataType::Float64 => {
-            builder!(b, Float64Builder).append_value(f64::from_be_bytes(be(v, "float8")?))
-        }
-        DataType::Utf8 => builder!(b, StringBuilder).append_value(text(v, "text")?),
-        DataType::Binary => builder!(b, BinaryBuilder).append_value(v),
-        DataType::Date32 => {
+    match b {
+        Builder::Boolean(b) => b.append_value(v.first() == Some(&1)),
+        Builder::Int16(b) => b.append_value(i16::from_be_bytes(be(v, "int2")?)),
+        Builder::Int32(b) => b.append_value(i32::from_be_bytes(be(v, "int4")?)),
+        Builder::Int64(b) => b.append_value(i64::from_be_bytes(be(v, "int8")?)),
+        Builder::Float32(b) => b.append_value(f32::from_be_bytes(be(v, "float4")?)),
+        Builder::Float64(b) => b.append_value(f64::from_be_bytes(be(v, "float8")?)),
+        Builder::Utf8(b) => b.append_value(text(v, "text")?),
+        Builder::Binary(b) => b.append_value(v),
+        Builder::Date32(b) => {
             let d = i32::from_be_bytes(be(v, "date")?);
-            let b = builder!(b, Date32Builder);
             // ±infinity are i32::MAX / i32::MIN: no Arrow date can hold them.
             if d == i32::MAX || d == i32::MIN {
                 b.append_null()
@@ -254,37 +441,33 @@ fn push_pg(b: &mut dyn ArrayBuilder, data_type: &DataType, value: Option<&[u8]>)
                 b.append_value(d + PG_EPOCH_DAYS)
             }
         }
-        DataType::Timestamp(_, _) => {
+        Builder::Timestamp(b) => {
             let t = i64::from_be_bytes(be(v, "timestamp")?);
-            let b = builder!(b, TimestampMicrosecondBuilder);
             if t == i64::MAX || t == i64::MIN {
                 b.append_null()
             } else {
                 b.append_value(t + PG_EPOCH_MICROS)
             }
         }
-        DataType::Time64(_) => {
-            builder!(b, Time64MicrosecondBuilder).append_value(i64::from_be_bytes(be(v, "time")?))
-        }
-        DataType::Interval(_) => {
+        Builder::Time64(b) => b.append_value(i64::from_be_bytes(be(v, "time")?)),
+        Builder::Interval(b) => {
             let raw: [u8; 16] = be(v, "interval")?;
             let micros = i64::from_be_bytes(raw[0..8].try_into().expect("8 bytes"));
             let days = i32::from_be_bytes(raw[8..12].try_into().expect("4 bytes"));
             let months = i32::from_be_bytes(raw[12..16].try_into().expect("4 bytes"));
-            builder!(b, IntervalMonthDayNanoBuilder).append_value(IntervalMonthDayNano::new(
-                months,
-                days,
-                micros * 1000,
-            ))
+            b.append_value(IntervalMonthDayNano::new(months, days, micros * 1000))
         }
-        DataType::Decimal128(_, _) | DataType::Decimal256(_, _) => {
-            push_decimal(b, data_type, Some(text(v, "numeric")?))?
-        }
-        DataType::List(item) => push_pg_array(b, item.data_type(), v)?,
-        other => {
-            return Err(DataFusionError::Internal(format!(
-                "no PostgreSQL reader for {other}"
-            )));
+        Builder::Decimal128(b, s) => b.append_option(pg_numeric_i128(v, *s)?),
+        Builder::Decimal256(b, s) => b.append_option(pg_numeric_i256(v, *s)?),
+        Builder::List(b) => push_pg_array(b, v)?,
+        Builder::Int8(_)
+        | Builder::UInt8(_)
+        | Builder::UInt16(_)
+        | Builder::UInt32(_)
+        | Builder::UInt64(_) => {
+            return Err(DataFusionError::Internal(
+                "PostgreSQL has no one-byte or unsigned integer columns".into(),
+            ));
         }
     }
     Ok(())
@@ -292,8 +475,7 @@ fn push_pg(b: &mut dyn ArrayBuilder, data_type: &DataType, value: Option<&[u8]>)
 
 /// A binary array: ndim, has-null flag, element oid, (length, lower bound) per dimension,
 /// then each element as (length, bytes). Multi-dimensional arrays are read flattened.
-fn push_pg_array(b: &mut dyn ArrayBuilder, item: &DataType, v: &[u8]) -> Result<()> {
-    let b = builder!(b, ListBuilder<Box<dyn ArrayBuilder>>);
+fn push_pg_array(b: &mut ListBuilder<Builder>, v: &[u8]) -> Result<()> {
     let word = |at: usize| -> Result<i32> {
         v.get(at..at + 4)
             .map(|w| i32::from_be_bytes(w.try_into().expect("4 bytes")))
@@ -309,11 +491,11 @@ fn push_pg_array(b: &mut dyn ArrayBuilder, item: &DataType, v: &[u8]) -> Result<
         let len = word(at)?;
         at += 4;
         if len < 0 {
-            push_pg(b.values().as_mut(), item, None)?;
+            push_pg(b.values(), None)?;
         } else {
             let end = at + len as usize;
             let element = v.get(at..end).ok_or_else(|| bad("array", "truncated"))?;
-            push_pg(b.values().as_mut(), item, Some(element))?;
+            push_pg(b.values(), Some(element))?;
             at = end;
         }
     }
@@ -321,95 +503,58 @@ fn push_pg_array(b: &mut dyn ArrayBuilder, item: &DataType, v: &[u8]) -> Result<
     Ok(())
 }
 
-fn push_mysql(b: &mut dyn ArrayBuilder, data_type: &DataType, value: Option<&[u8]>) -> Result<()> {
+fn push_mysql(b: &mut Builder, value: Option<&[u8]>) -> Result<()> {
     let Some(v) = value else {
-        append_null(b, data_type);
+        b.append_null();
         return Ok(());
     };
-    match data_type {
-        DataType::Binary => {
-            builder!(b, BinaryBuilder).append_value(v);
+    match b {
+        Builder::Binary(b) => {
+            b.append_value(v);
             return Ok(());
         }
-        DataType::UInt64 if !v.iter().all(u8::is_ascii_digit) || v.is_empty() => {
+        Builder::UInt64(b) if !v.iter().all(u8::is_ascii_digit) || v.is_empty() => {
             // BIT(n) arrives as big-endian bytes.
             let mut n = 0u64;
             for byte in v.iter().rev().take(8).rev() {
                 n = (n << 8) | *byte as u64;
             }
-            builder!(b, UInt64Builder).append_value(n);
+            b.append_value(n);
             return Ok(());
         }
-        DataType::Boolean if v.len() == 1 && v[0] <= 1 => {
+        Builder::Boolean(b) if v.len() == 1 && v[0] <= 1 => {
             // BIT(1) arrives as one raw byte.
-            builder!(b, BooleanBuilder).append_value(v[0] == 1);
+            b.append_value(v[0] == 1);
             return Ok(());
         }
         _ => {}
     }
     let t = text(v, "text")?;
-    match data_type {
-        DataType::Boolean => {
-            builder!(b, BooleanBuilder).append_value(parse_num::<i64>(t, "boolean")? != 0)
-        }
-        DataType::Int8 => builder!(b, Int8Builder).append_value(parse_num(t, "tinyint")?),
-        DataType::Int16 => builder!(b, Int16Builder).append_value(parse_num(t, "smallint")?),
-        DataType::Int32 => builder!(b, Int32Builder).append_value(parse_num(t, "int")?),
-        DataType::Int64 => builder!(b, Int64Builder).append_value(parse_num(t, "bigint")?),
-        DataType::UInt8 => {
-            builder!(b, UInt8Builder).append_value(parse_num(t, "tinyint unsigned")?)
-        }
-        DataType::UInt16 => {
-            builder!(b, UInt16Builder).append_value(parse_num(t, "smallint unsigned")?)
-        }
-        DataType::UInt32 => builder!(b, UInt32Builder).append_value(parse_num(t, "int unsigned")?),
-        DataType::UInt64 => {
-            builder!(b, UInt64Builder).append_value(parse_num(t, "bigint unsigned")?)
-        }
-        DataType::Float32 => builder!(b, Float32Builder).append_value(parse_num(t, "float")?),
-        DataType::Float64 => builder!(b, Float64Builder).append_value(parse_num(t, "double")?),
-        DataType::Utf8 => builder!(b, StringBuilder).append_value(t),
-        DataType::Date32 => builder!(b, Date32Builder).append_option(parse_date(t)?),
-        DataType::Timestamp(_, _) => {
-            builder!(b, TimestampMicrosecondBuilder).append_option(parse_timestamp(t)?)
-        }
-        DataType::Time64(_) => builder!(b, Time64MicrosecondBuilder).append_value(parse_time(t)?),
-        DataType::Decimal128(_, _) | DataType::Decimal256(_, _) => {
-            push_decimal(b, data_type, Some(t))?
-        }
-        other => {
-            return Err(DataFusionError::Internal(format!(
-                "no MySQL reader for {other}"
-            )));
+    match b {
+        Builder::Boolean(b) => b.append_value(parse_num::<i64>(t, "boolean")? != 0),
+        Builder::Int8(b) => b.append_value(parse_num(t, "tinyint")?),
+        Builder::Int16(b) => b.append_value(parse_num(t, "smallint")?),
+        Builder::Int32(b) => b.append_value(parse_num(t, "int")?),
+        Builder::Int64(b) => b.append_value(parse_num(t, "bigint")?),
+        Builder::UInt8(b) => b.append_value(parse_num(t, "tinyint unsigned")?),
+        Builder::UInt16(b) => b.append_value(parse_num(t, "smallint unsigned")?),
+        Builder::UInt32(b) => b.append_value(parse_num(t, "int unsigned")?),
+        Builder::UInt64(b) => b.append_value(parse_num(t, "bigint unsigned")?),
+        Builder::Float32(b) => b.append_value(parse_num(t, "float")?),
+        Builder::Float64(b) => b.append_value(parse_num(t, "double")?),
+        Builder::Utf8(b) => b.append_value(t),
+        Builder::Date32(b) => b.append_option(parse_date(t)?),
+        Builder::Timestamp(b) => b.append_option(parse_timestamp(t)?),
+        Builder::Time64(b) => b.append_value(parse_time(t)?),
+        Builder::Decimal128(b, s) => b.append_option(parse_decimal_i128(t, *s)?),
+        Builder::Decimal256(b, s) => b.append_option(parse_decimal(t, *s)?),
+        Builder::Binary(_) | Builder::Interval(_) | Builder::List(_) => {
+            return Err(DataFusionError::Internal(
+                "MySQL values are not read as intervals or lists".into(),
+            ));
         }
     }
     Ok(())
-}
-
-fn append_null(b: &mut dyn ArrayBuilder, data_type: &DataType) {
-    match data_type {
-        DataType::Boolean => builder!(b, BooleanBuilder).append_null(),
-        DataType::Int8 => builder!(b, Int8Builder).append_null(),
-        DataType::Int16 => builder!(b, Int16Builder).append_null(),
-        DataType::Int32 => builder!(b, Int32Builder).append_null(),
-        DataType::Int64 => builder!(b, Int64Builder).append_null(),
-        DataType::UInt8 => builder!(b, UInt8Builder).append_null(),
-        DataType::UInt16 => builder!(b, UInt16Builder).append_null(),
-        DataType::UInt32 => builder!(b, UInt32Builder).append_null(),
-        DataType::UInt64 => builder!(b, UInt64Builder).append_null(),
-        DataType::Float32 => builder!(b, Float32Builder).append_null(),
-        DataType::Float64 => builder!(b, Float64Builder).append_null(),
-        DataType::Utf8 => builder!(b, StringBuilder).append_null(),
-        DataType::Binary => builder!(b, BinaryBuilder).append_null(),
-        DataType::Date32 => builder!(b, Date32Builder).append_null(),
-        DataType::Timestamp(_, _) => builder!(b, TimestampMicrosecondBuilder).append_null(),
-        DataType::Time64(_) => builder!(b, Time64MicrosecondBuilder).append_null(),
-        DataType::Interval(_) => builder!(b, IntervalMonthDayNanoBuilder).append_null(),
-        DataType::Decimal128(_, _) => builder!(b, Decimal128Builder).append_null(),
-        DataType::Decimal256(_, _) => builder!(b, Decimal256Builder).append_null(),
-        DataType::List(_) => builder!(b, ListBuilder<Box<dyn ArrayBuilder>>).append_null(),
-        _ => {}
-    }
 }
 
 /// Incremental parser of PostgreSQL's binary COPY stream.
@@ -557,6 +702,65 @@ mod tests {
         );
     }
 
+    /// numeric_send's layout: ndigits, weight, sign, dscale, then base-10000 digits.
+    fn numeric(negative: bool, weight: i16, digits: &[u16]) -> Vec<u8> {
+        let mut v = (digits.len() as u16).to_be_bytes().to_vec();
+        v.extend_from_slice(&weight.to_be_bytes());
+        v.extend_from_slice(&(if negative { 0x4000u16 } else { 0 }).to_be_bytes());
+        v.extend_from_slice(&0u16.to_be_bytes());
+        for d in digits {
+            v.extend_from_slice(&d.to_be_bytes());
+        }
+        v
+    }
+
+    #[test]
+    fn binary_numerics_scale_and_round_half_away_from_zero() {
+        let at = |v: Vec<u8>, s| pg_numeric_i128(&v, s).unwrap();
+        // 21168.23 = [2, 1168, 2300] with weight 1
+        assert_eq!(at(numeric(false, 1, &[2, 1168, 2300]), 2), Some(2_116_823));
+        assert_eq!(at(numeric(true, 1, &[2, 1168, 2300]), 2), Some(-2_116_823));
+        assert_eq!(at(numeric(false, 1, &[2, 1168, 2300]), 0), Some(21_168));
+        assert_eq!(at(numeric(false, 1, &[2, 1168, 5000]), 0), Some(21_169));
+        assert_eq!(at(numeric(true, 1, &[2, 1168, 5000]), 0), Some(-21_169));
+        assert_eq!(at(numeric(false, 1, &[2, 1168, 2350]), 1), Some(211_682));
+        assert_eq!(
+            at(numeric(false, 1, &[2, 1168, 2350, 5000]), 3),
+            Some(21_168_235)
+        );
+        assert_eq!(
+            at(numeric(false, 1, &[2, 1168, 2350, 5000]), 5),
+            Some(2_116_823_505)
+        );
+        // 10000 (trailing zero digits are not sent) and 0 (no digits)
+        assert_eq!(at(numeric(false, 1, &[1]), 3), Some(10_000_000));
+        assert_eq!(at(numeric(false, 0, &[]), 2), Some(0));
+        // 0.00005 at scale 4 rounds up; 0.000004 at scale 4 is 0
+        assert_eq!(at(numeric(false, -2, &[5000]), 4), Some(1));
+        assert_eq!(at(numeric(false, -2, &[400]), 4), Some(0));
+        assert_eq!(at(numeric(false, -3, &[9999]), 2), Some(0));
+        // 0.12345678 at scale 10 (more digits than needed: none dropped)
+        assert_eq!(
+            at(numeric(false, -1, &[1234, 5678]), 10),
+            Some(1_234_567_800)
+        );
+        // NaN and infinities read as NULL
+        let mut nan = numeric(false, 0, &[]);
+        nan[4] = 0xC0;
+        assert_eq!(at(nan, 2), None);
+        // overflow and malformed input are errors, not panics
+        assert!(pg_numeric_i128(&numeric(false, 10, &[1]), 0).is_err());
+        assert_eq!(
+            pg_numeric_i256(&numeric(false, 10, &[1]), 0).unwrap(),
+            Some(i256::from_string(&format!("1{}", "0".repeat(40))).unwrap())
+        );
+        assert!(pg_numeric_i128(&[0, 1, 0, 0], 2).is_err());
+        assert!(pg_numeric_i128(&numeric(false, 0, &[10_000]), 2).is_err());
+        let mut short = numeric(false, 0, &[1, 2]);
+        short.pop();
+        assert!(pg_numeric_i128(&short, 2).is_err());
+    }
+
     #[test]
     fn copy_rows_split_across_chunks() {
         use datafusion::arrow::datatypes::{Field, Schema};
@@ -580,7 +784,7 @@ mod tests {
         }
         stream.extend_from_slice(&(-1i16).to_be_bytes());
         let mut parser = CopyParser::new();
-        let mut columns = Columns::new(schema, 8);
+        let mut columns = Columns::new(schema, 8).unwrap();
         for chunk in stream.chunks(3) {
             parser.feed(chunk);
             parser.parse(&mut columns, 100).unwrap();

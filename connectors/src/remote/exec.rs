@@ -385,7 +385,7 @@ fn run_postgres<'a>(
                 _ = tx.closed() => return Err(Stop::Cancelled),
             };
             let mut parser = CopyParser::new();
-            let mut columns = Columns::new(schema.clone(), batch_size);
+            let mut columns = Columns::new(schema.clone(), batch_size).map_err(Stop::Failed)?;
             loop {
                 let chunk = tokio::select! {
                     c = stream.next() => c,
@@ -473,7 +473,7 @@ fn run_mysql<'a>(
             .unwrap_or(0);
         let outcome: std::result::Result<(), Stop> = async {
             let mut rows = (&mut *conn).fetch(statement);
-            let mut columns = Columns::new(schema.clone(), batch_size);
+            let mut columns = Columns::new(schema.clone(), batch_size).map_err(Stop::Failed)?;
             let width = columns.width();
             loop {
                 let row = tokio::select! {

@@ -186,7 +186,7 @@ pub fn postgres_wire_type(data_type: &DataType) -> String {
         DataType::Timestamp(_, Some(_)) => "timestamptz".into(),
         DataType::Interval(_) => "interval".into(),
         DataType::Decimal128(p, s) | DataType::Decimal256(p, s) => {
-            format!("numeric({p},{s})::text")
+            format!("numeric({p},{s})")
         }
         DataType::List(item) => format!("{}[]", postgres_wire_type(item.data_type())),
         _ => "text".into(),
