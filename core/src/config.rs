@@ -68,6 +68,10 @@ pub struct ServerConfig {
     /// Queries of one stage (scans, filters, ungrouped aggregates: no exchange) stream
     /// from the executors instead of running as Ballista jobs with shuffle files.
     pub streamed_stages: bool,
+    /// A query whose scans read at most this many bytes by the planner's estimate (Iceberg
+    /// data files, generated `tpch` tables) runs whole on one executor, streamed back, instead
+    /// of as a Ballista job spread over the cluster; 0 turns this off. Needs streamed stages.
+    pub single_node_max_bytes: u64,
 }
 
 impl Default for ServerConfig {
@@ -79,6 +83,7 @@ impl Default for ServerConfig {
             executor_task_slots: 0,
             target_partitions: 0,
             streamed_stages: true,
+            single_node_max_bytes: 1 << 30,
         }
     }
 }

@@ -14,6 +14,7 @@ use basin_connectors::iceberg::{
 };
 use basin_connectors::remote::RemotePushdown;
 use basin_core::BasinConfig;
+use datafusion::common::format::ExplainFormat;
 use datafusion::datasource::{MemTable, source_as_provider};
 use datafusion::error::DataFusionError;
 use datafusion::error::Result;
@@ -22,7 +23,9 @@ use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::context::QueryPlanner;
 use datafusion::logical_expr::dml::InsertOp;
 use datafusion::logical_expr::{DmlStatement, Extension, LogicalPlan, WriteOp};
-use datafusion::physical_plan::ExecutionPlan;
+use datafusion::logical_expr::{PlanType, StringifiedPlan, ToStringifiedPlan};
+use datafusion::physical_plan::explain::ExplainExec;
+use datafusion::physical_plan::{ExecutionPlan, displayable};
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 use datafusion::prelude::SessionContext;
 use datafusion_proto::protobuf::LogicalPlanNode;
@@ -55,7 +58,12 @@ pub fn connect(
         .build()
         .upgrade_for_ballista(scheduler_url.to_string())?;
     let cluster = cluster.filter(|_| config.server.streamed_stages);
-    let planner = BasinQueryPlanner::new(scheduler_url, &state, cluster);
+    let planner = BasinQueryPlanner::new(
+        scheduler_url,
+        &state,
+        cluster,
+        config.server.single_node_max_bytes,
+    );
     let state = SessionStateBuilder::new_from_existing(state)
         .with_query_planner(Arc::new(planner))
         .with_optimizer_rule(Arc::new(RemotePushdown))
@@ -136,6 +144,8 @@ struct BasinQueryPlanner {
     local: DefaultPhysicalPlanner,
     /// The cluster, when queries of one stage may stream from its executors.
     cluster: Option<ClusterView>,
+    /// `[server] single_node_max_bytes`: small queries run whole on one executor.
+    single_node_max_bytes: u64,
 }
 
 impl std::fmt::Debug for BasinQueryPlanner {
@@ -145,7 +155,12 @@ impl std::fmt::Debug for BasinQueryPlanner {
 }
 
 impl BasinQueryPlanner {
-    fn new(scheduler_url: &str, state: &SessionState, cluster: Option<ClusterView>) -> Self {
+    fn new(
+        scheduler_url: &str,
+        state: &SessionState,
+        cluster: Option<ClusterView>,
+        single_node_max_bytes: u64,
+    ) -> Self {
         let config = state.config().ballista_config();
         Self {
             distributed: BallistaQueryPlanner::with_extension(
@@ -155,6 +170,7 @@ impl BasinQueryPlanner {
             ),
             local: DefaultPhysicalPlanner::default(),
             cluster,
+            single_node_max_bytes,
         }
     }
 }
@@ -226,8 +242,9 @@ impl BasinQueryPlanner {
 }
 
 impl BasinQueryPlanner {
-    /// A query of one stage, planned here and streamed from the executors; `None` when it
-    /// needs a Ballista job (exchanges, no executor yet, or a plan that cannot travel).
+    /// A query planned here and streamed from the executors: one stage spread over them, or
+    /// a small query whole on one of them. `None` when it runs as a Ballista job (exchanges
+    /// over too much data, no executor yet, or a plan that cannot travel).
     async fn plan_streamed(
         &self,
         plan: &LogicalPlan,
@@ -236,15 +253,70 @@ impl BasinQueryPlanner {
         let Some(cluster) = &self.cluster else {
             return Ok(None);
         };
-        if !streamed::may_stream(plan) {
+        let one_stage = streamed::may_stream(plan);
+        if !one_stage && (self.single_node_max_bytes == 0 || !streamed::may_run_on_one_node(plan)) {
             return Ok(None);
         }
         let executors = cluster.active_executors().await;
         if executors.is_empty() {
             return Ok(None);
         }
-        let physical = self.local.create_physical_plan(plan, state).await?;
-        Ok(streamed::stream_stage(physical, &executors))
+        if one_stage {
+            let physical = self.local.create_physical_plan(plan, state).await?;
+            return Ok(streamed::stream_stage(physical, &executors));
+        }
+        // Planned for the cores of the executor that will run it, with hash joins: the
+        // scans are bounded by `single_node_max_bytes`, so the build sides fit in memory
+        // (sort-merge joins, the cluster's default because they spill, were 2-7x slower
+        // on TPC-H SF1 joins).
+        let executor = streamed::next_executor(&executors);
+        let mut config = state.config().clone();
+        let options = config.options_mut();
+        options.execution.target_partitions = (executor.task_slots as usize).max(1);
+        options.optimizer.prefer_hash_join = true;
+        let one_node = SessionStateBuilder::new_from_existing(state.clone())
+            .with_config(config)
+            .build();
+        let physical = self.local.create_physical_plan(plan, &one_node).await?;
+        Ok(streamed::single_node(
+            physical,
+            executor,
+            self.single_node_max_bytes,
+        ))
+    }
+}
+
+impl BasinQueryPlanner {
+    /// `EXPLAIN` of a query that streams: the logical plans and the physical plan that runs
+    /// (Ballista would show the stages of a job that never runs). `EXPLAIN ANALYZE` and the
+    /// other output formats keep Ballista's planning.
+    async fn explain_streamed(
+        &self,
+        plan: &LogicalPlan,
+        state: &SessionState,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        let LogicalPlan::Explain(explain) = plan else {
+            return Ok(None);
+        };
+        if explain.explain_format != ExplainFormat::Indent {
+            return Ok(None);
+        }
+        let Some(physical) = self.plan_streamed(&explain.plan, state).await? else {
+            return Ok(None);
+        };
+        let mut plans = explain.stringified_plans.clone();
+        plans.push(explain.plan.to_stringified(PlanType::FinalLogicalPlan));
+        plans.push(StringifiedPlan::new(
+            PlanType::FinalPhysicalPlan,
+            displayable(physical.as_ref())
+                .indent(explain.verbose)
+                .to_string(),
+        ));
+        Ok(Some(Arc::new(ExplainExec::new(
+            Arc::clone(explain.schema.inner()),
+            plans,
+            explain.verbose,
+        ))))
     }
 }
 
@@ -274,6 +346,8 @@ impl QueryPlanner for BasinQueryPlanner {
                 .create_physical_plan(logical_plan, session_state)
                 .await
         } else if let Some(plan) = self.plan_streamed(logical_plan, session_state).await? {
+            Ok(plan)
+        } else if let Some(plan) = self.explain_streamed(logical_plan, session_state).await? {
             Ok(plan)
         } else {
             self.distributed

@@ -78,6 +78,88 @@ pub(crate) fn may_stream(plan: &LogicalPlan) -> bool {
         .expect("the closure never fails")
 }
 
+/// Whether a (optimized) logical plan may run whole on one executor when it is small: a
+/// query (joins, aggregates, windows, sorts, unions over table scans), not a statement, and
+/// not over `information_schema`, which only the front end can answer.
+pub(crate) fn may_run_on_one_node(plan: &LogicalPlan) -> bool {
+    let unfit = |node: &LogicalPlan| match node {
+        LogicalPlan::TableScan(TableScan { table_name, .. }) => {
+            table_name.schema() == Some("information_schema")
+        }
+        LogicalPlan::Projection(_)
+        | LogicalPlan::Filter(_)
+        | LogicalPlan::Window(_)
+        | LogicalPlan::Aggregate(_)
+        | LogicalPlan::Sort(_)
+        | LogicalPlan::Join(_)
+        | LogicalPlan::Repartition(_)
+        | LogicalPlan::Union(_)
+        | LogicalPlan::Distinct(_)
+        | LogicalPlan::Limit(_)
+        | LogicalPlan::SubqueryAlias(_)
+        | LogicalPlan::EmptyRelation(_)
+        | LogicalPlan::Values(_) => false,
+        _ => true,
+    };
+    !plan
+        .exists(|node| Ok(unfit(node)))
+        .expect("the closure never fails")
+}
+
+/// The executor for the next query that runs on one: they take turns.
+pub(crate) fn next_executor(executors: &[ExecutorInfo]) -> &ExecutorInfo {
+    &executors[NEXT_EXECUTOR.fetch_add(1, Ordering::Relaxed) % executors.len()]
+}
+
+/// Wraps a whole plan (planned for `executor`'s cores) to run on `executor` as one streamed
+/// task, when every scan reports its size and together they read at most `max_bytes`.
+/// `None` sends the query to Ballista: too big, a scan of unknown size (a remote database),
+/// or a plan that cannot travel.
+pub(crate) fn single_node(
+    plan: Arc<dyn ExecutionPlan>,
+    executor: &ExecutorInfo,
+    max_bytes: u64,
+) -> Option<Arc<dyn ExecutionPlan>> {
+    let bytes = scanned_bytes(&plan)?;
+    if bytes > max_bytes {
+        tracing::debug!(
+            bytes,
+            max_bytes,
+            "query too big for one executor: Ballista runs it"
+        );
+        return None;
+    }
+    let plan: Arc<dyn ExecutionPlan> = if plan.properties().partitioning.partition_count() > 1 {
+        Arc::new(CoalescePartitionsExec::new(plan))
+    } else {
+        plan
+    };
+    match StreamedStageExec::try_new(plan, std::slice::from_ref(executor)) {
+        Ok(stage) => Some(Arc::new(stage)),
+        Err(e) => {
+            tracing::debug!(error = %e, "the plan cannot travel to an executor: Ballista runs it");
+            None
+        }
+    }
+}
+
+/// What the scans of `plan` read by their own estimate, `None` when one cannot tell.
+fn scanned_bytes(plan: &Arc<dyn ExecutionPlan>) -> Option<u64> {
+    let children = plan.children();
+    if children.is_empty() {
+        let stats = plan.partition_statistics(None).ok()?;
+        return match stats.total_byte_size.get_value() {
+            Some(bytes) => Some(*bytes as u64),
+            // A leaf of a few rows (EmptyExec, a VALUES list) reads next to nothing.
+            None if stats.num_rows.get_value().is_some_and(|r| *r <= 10_000) => Some(0),
+            None => None,
+        };
+    }
+    children
+        .into_iter()
+        .try_fold(0u64, |sum, child| Some(sum + scanned_bytes(child)?))
+}
+
 /// Rewrites `plan` so that its one stage streams from `executors`, or returns `None` when the
 /// plan has an exchange (it must run as a Ballista job) or cannot be sent to an executor.
 pub(crate) fn stream_stage(

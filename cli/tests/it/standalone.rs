@@ -2,6 +2,15 @@
 
 use crate::{basin, scratch_dir, stderr, stdout};
 
+/// A scratch folder holding a `basin.toml` with `toml`; returns the folder and the file.
+fn config_file(name: &str, toml: &str) -> (std::path::PathBuf, String) {
+    let dir = scratch_dir(name);
+    let file = dir.join("basin.toml");
+    std::fs::write(&file, toml).unwrap();
+    let file = file.to_str().unwrap().to_string();
+    (dir, file)
+}
+
 #[test]
 fn counts_tiny_lineitem() {
     let out = basin(
@@ -94,10 +103,8 @@ fn one_stage_queries_stream_and_their_errors_read_plainly() {
     let streamed = stdout(&out);
 
     // The same query as a Ballista job gives the same answer.
-    let dir = scratch_dir("nostream");
-    let file = dir.join("basin.toml");
-    std::fs::write(&file, "[server]\nstreamed_stages = false\n").unwrap();
-    let config = file.to_str().unwrap();
+    let (dir, config) = config_file("nostream", "[server]\nstreamed_stages = false\n");
+    let config = config.as_str();
     let out = basin(
         &[
             "standalone",
@@ -133,6 +140,75 @@ fn one_stage_queries_stream_and_their_errors_read_plainly() {
     assert_eq!(error.len(), 1, "{err}");
     assert!(error[0].contains("Divide by zero"), "{err}");
     assert!(!error[0].contains("stream-"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn small_queries_run_whole_on_one_executor() {
+    // A join, GROUP BY and ORDER BY over tpch.tiny: small by the scans' own estimate, so it
+    // runs as one task on one executor and streams back, not as a multi-stage Ballista job.
+    let sql = "SELECT n_name, count(*) AS suppliers, sum(s_acctbal) AS balance \
+               FROM tpch.tiny.supplier JOIN tpch.tiny.nation ON s_nationkey = n_nationkey \
+               GROUP BY n_name ORDER BY suppliers DESC, n_name LIMIT 5";
+    let log = [("BASIN_LOG", "basin_executor=info")];
+    let out = basin(&["standalone", "--format", "csv", "-e", sql], &log);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    let streamed: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("streaming a stage partition"))
+        .collect();
+    assert_eq!(streamed.len(), 1, "one task for the whole query: {err}");
+    assert!(streamed[0].contains("partition=0"), "{err}");
+    let one_node = stdout(&out);
+    assert_eq!(one_node.lines().count(), 6, "{one_node}");
+
+    // EXPLAIN shows the plan that runs: the whole query under one streamed stage.
+    let out = basin(&["standalone", "-e", &format!("EXPLAIN {sql}")], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let plan = stdout(&out);
+    assert!(
+        plan.contains("StreamedStageExec: partitions=1, executors=1"),
+        "{plan}"
+    );
+    assert!(plan.contains("HashJoinExec"), "{plan}");
+    assert!(plan.contains("logical_plan"), "{plan}");
+    assert!(!plan.contains("ResolvedStage"), "{plan}");
+
+    // Above the limit the same query is a Ballista job over both executors, same answer.
+    let (dir, config) = config_file("onenode", "[server]\nsingle_node_max_bytes = 1\n");
+    let config = config.as_str();
+    let out = basin(
+        &[
+            "standalone",
+            "--config",
+            config,
+            "--format",
+            "csv",
+            "-e",
+            sql,
+        ],
+        &log,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        !stderr(&out).contains("streaming a stage partition"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(stdout(&out), one_node);
+    let out = basin(
+        &[
+            "standalone",
+            "--config",
+            config,
+            "-e",
+            &format!("EXPLAIN {sql}"),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("ResolvedStage"), "{}", stdout(&out));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -277,9 +353,13 @@ fn secrets_stay_out_of_errors_and_plans() {
 
 #[test]
 fn explain_shows_the_distributed_plan() {
+    // A query that runs as a Ballista job (small ones run on one executor: turned off here).
+    let (dir, config) = config_file("explainjob", "[server]\nsingle_node_max_bytes = 0\n");
     let out = basin(
         &[
             "standalone",
+            "--config",
+            &config,
             "-e",
             "EXPLAIN SELECT l_returnflag, count(*) FROM tpch.tiny.lineitem GROUP BY 1",
         ],
@@ -290,6 +370,7 @@ fn explain_shows_the_distributed_plan() {
     assert!(text.contains("distributed_plan"), "{text}");
     assert!(text.contains("ShuffleWriterExec"), "{text}");
     assert!(text.contains("TpchScanExec"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
 
     let out = basin(
         &[
