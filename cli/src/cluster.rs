@@ -33,7 +33,7 @@ impl Default for StandaloneOptions {
 pub struct StandaloneCluster {
     config: Arc<BasinConfig>,
     scheduler: SchedulerHandle,
-    executors: Vec<JoinHandle<()>>,
+    executors: Vec<JoinHandle<Result<()>>>,
     task_log: TaskLog,
     task_slots: usize,
     work_root: PathBuf,
@@ -70,12 +70,14 @@ impl StandaloneCluster {
             executor_options.task_log = Some(task_log.clone());
             let config = config.clone();
             executors.push(tokio::spawn(async move {
-                if let Err(e) = basin_executor::run(config, executor_options).await {
+                let outcome = basin_executor::run(config, executor_options).await;
+                if let Err(e) = &outcome {
                     tracing::error!(executor = i, error = %e, "executor failed");
                 }
+                outcome
             }));
         }
-        let cluster = Self {
+        let mut cluster = Self {
             task_slots: options.executors * effective_task_slots(config.server.executor_task_slots),
             config,
             scheduler,
@@ -83,11 +85,36 @@ impl StandaloneCluster {
             task_log,
             work_root,
         };
-        cluster
-            .scheduler
-            .wait_for_executors(options.executors, Duration::from_secs(30))
-            .await?;
+        cluster.wait_for_executors(Duration::from_secs(60)).await?;
         Ok(cluster)
+    }
+
+    /// Waits until every executor registered; an executor that stops first fails the start
+    /// with its reason instead of a timeout.
+    async fn wait_for_executors(&mut self, timeout: Duration) -> Result<()> {
+        let n = self.executors.len();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if self.scheduler.executors().await.len() >= n {
+                return Ok(());
+            }
+            if let Some(i) = self.executors.iter().position(|e| e.is_finished()) {
+                let reason = match (&mut self.executors[i]).await {
+                    Ok(Err(e)) => e.to_string(),
+                    Ok(Ok(())) => "it stopped before registering with the scheduler".into(),
+                    Err(e) => format!("it panicked or was cancelled: {e}"),
+                };
+                return Err(BasinError::Invalid(format!(
+                    "executor {i} of the standalone cluster did not start: {reason}"
+                )));
+            }
+            if tokio::time::Instant::now() > deadline {
+                // The scheduler's own message names how many registered and where.
+                self.scheduler.wait_for_executors(n, Duration::ZERO).await?;
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// A new front-end session on this cluster.

@@ -174,16 +174,23 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
     let process_config = Arc::new(process_config);
     // Ballista 53 registers with the scheduler right after spawning the executor's gRPC
     // server, and the scheduler immediately connects back: when the server is not yet
-    // listening, registration fails ("TODO" in ballista-executor's executor_server.rs).
-    // Nothing has been started for the executor at that point, so trying again is safe.
-    let mut attempt = 0;
+    // listening (a busy machine), registration fails ("TODO" in ballista-executor's
+    // executor_server.rs). Nothing has been started for the executor at that point, so
+    // trying again is safe; it is tried for as long as the first connection may take.
+    let deadline = tokio::time::Instant::now()
+        + std::time::Duration::from_secs(u64::from(options.connect_timeout_seconds.max(30)));
+    let mut attempt: u64 = 0;
     loop {
         attempt += 1;
         match start_executor_process(process_config.clone()).await {
             Ok(()) => return Ok(()),
-            Err(e) if attempt < 10 && e.to_string().contains("registration") => {
+            Err(e)
+                if e.to_string().contains("registration")
+                    && tokio::time::Instant::now() < deadline =>
+            {
                 tracing::debug!(attempt, error = %e, "executor registration raced its gRPC server; retrying");
-                tokio::time::sleep(std::time::Duration::from_millis(100 * attempt)).await;
+                tokio::time::sleep(std::time::Duration::from_millis((50 * attempt).min(1000)))
+                    .await;
             }
             Err(e) => {
                 return Err(BasinError::Invalid(format!(
