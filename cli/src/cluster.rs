@@ -92,28 +92,22 @@ impl StandaloneCluster {
     /// Waits until every executor registered; an executor that stops first fails the start
     /// with its reason instead of a timeout.
     async fn wait_for_executors(&mut self, timeout: Duration) -> Result<()> {
-        let n = self.executors.len();
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            if self.scheduler.executors().await.len() >= n {
-                return Ok(());
-            }
-            if let Some(i) = self.executors.iter().position(|e| e.is_finished()) {
-                let reason = match (&mut self.executors[i]).await {
+        let registered = self
+            .scheduler
+            .wait_for_executors(self.executors.len(), timeout);
+        let stopped = futures::future::select_all(self.executors.iter_mut());
+        tokio::select! {
+            registered = registered => registered.map(|_| ()),
+            (outcome, i, _) = stopped => {
+                let reason = match outcome {
                     Ok(Err(e)) => e.to_string(),
                     Ok(Ok(())) => "it stopped before registering with the scheduler".into(),
                     Err(e) => format!("it panicked or was cancelled: {e}"),
                 };
-                return Err(BasinError::Invalid(format!(
+                Err(BasinError::Invalid(format!(
                     "executor {i} of the standalone cluster did not start: {reason}"
-                )));
+                )))
             }
-            if tokio::time::Instant::now() > deadline {
-                // The scheduler's own message names how many registered and where.
-                self.scheduler.wait_for_executors(n, Duration::ZERO).await?;
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 

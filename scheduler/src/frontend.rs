@@ -270,13 +270,10 @@ impl BasinQueryPlanner {
         // (sort-merge joins, the cluster's default because they spill, were 2-7x slower
         // on TPC-H SF1 joins).
         let executor = streamed::next_executor(&executors);
-        let mut config = state.config().clone();
-        let options = config.options_mut();
+        let mut one_node = state.clone();
+        let options = one_node.config_mut().options_mut();
         options.execution.target_partitions = (executor.task_slots as usize).max(1);
         options.optimizer.prefer_hash_join = true;
-        let one_node = SessionStateBuilder::new_from_existing(state.clone())
-            .with_config(config)
-            .build();
         let physical = self.local.create_physical_plan(plan, &one_node).await?;
         Ok(streamed::single_node(
             physical,

@@ -54,56 +54,62 @@ const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 /// Spreads the partitions of successive queries over the executors.
 static NEXT_EXECUTOR: AtomicUsize = AtomicUsize::new(0);
 
-/// Whether a (optimized) logical plan can be a streamed stage: scans, filters, projections,
-/// limits, sorts, unions and ungrouped aggregates. Joins, grouped aggregates, windows and
-/// anything else need exchanges; `information_schema` runs here, as Ballista runs it.
-pub(crate) fn may_stream(plan: &LogicalPlan) -> bool {
-    let needs_cluster = |node: &LogicalPlan| match node {
-        LogicalPlan::TableScan(TableScan { table_name, .. }) => {
-            table_name.schema() == Some("information_schema")
+/// What a logical plan node asks of where the query runs.
+#[derive(PartialEq)]
+enum Needs {
+    /// Nothing beyond its own partition: scans, filters, projections, limits, sorts,
+    /// unions, ungrouped aggregates.
+    OneStage,
+    /// Rows of other partitions: joins, grouped aggregates, windows, DISTINCT.
+    Exchange,
+    /// The front end: statements, `information_schema` (which Ballista also runs there).
+    FrontEnd,
+}
+
+fn needs(node: &LogicalPlan) -> Needs {
+    match node {
+        LogicalPlan::TableScan(TableScan { table_name, .. })
+            if table_name.schema() == Some("information_schema") =>
+        {
+            Needs::FrontEnd
         }
-        LogicalPlan::Aggregate(Aggregate { group_expr, .. }) => !group_expr.is_empty(),
-        LogicalPlan::Projection(_)
+        LogicalPlan::Aggregate(Aggregate { group_expr, .. }) if !group_expr.is_empty() => {
+            Needs::Exchange
+        }
+        LogicalPlan::TableScan(_)
+        | LogicalPlan::Aggregate(_)
+        | LogicalPlan::Projection(_)
         | LogicalPlan::Filter(_)
         | LogicalPlan::Limit(_)
         | LogicalPlan::Sort(_)
         | LogicalPlan::Union(_)
         | LogicalPlan::SubqueryAlias(_)
         | LogicalPlan::EmptyRelation(_)
-        | LogicalPlan::Values(_) => false,
-        _ => true,
-    };
-    !plan
-        .exists(|node| Ok(needs_cluster(node)))
+        | LogicalPlan::Values(_) => Needs::OneStage,
+        LogicalPlan::Join(_)
+        | LogicalPlan::Window(_)
+        | LogicalPlan::Repartition(_)
+        | LogicalPlan::Distinct(_) => Needs::Exchange,
+        _ => Needs::FrontEnd,
+    }
+}
+
+/// True when some node of `plan` needs more than `allowed`.
+fn needs_more(plan: &LogicalPlan, allowed: &[Needs]) -> bool {
+    plan.exists(|node| Ok(!allowed.contains(&needs(node))))
         .expect("the closure never fails")
 }
 
+/// Whether a (optimized) logical plan can be a streamed stage: no node needs another
+/// partition's rows or the front end.
+pub(crate) fn may_stream(plan: &LogicalPlan) -> bool {
+    !needs_more(plan, &[Needs::OneStage])
+}
+
 /// Whether a (optimized) logical plan may run whole on one executor when it is small: a
-/// query (joins, aggregates, windows, sorts, unions over table scans), not a statement, and
-/// not over `information_schema`, which only the front end can answer.
+/// query (exchanges allowed), not a statement, and not over `information_schema`.
 pub(crate) fn may_run_on_one_node(plan: &LogicalPlan) -> bool {
-    let unfit = |node: &LogicalPlan| match node {
-        LogicalPlan::TableScan(TableScan { table_name, .. }) => {
-            table_name.schema() == Some("information_schema")
-        }
-        LogicalPlan::Projection(_)
-        | LogicalPlan::Filter(_)
-        | LogicalPlan::Window(_)
-        | LogicalPlan::Aggregate(_)
-        | LogicalPlan::Sort(_)
-        | LogicalPlan::Join(_)
-        | LogicalPlan::Repartition(_)
-        | LogicalPlan::Union(_)
-        | LogicalPlan::Distinct(_)
-        | LogicalPlan::Limit(_)
-        | LogicalPlan::SubqueryAlias(_)
-        | LogicalPlan::EmptyRelation(_)
-        | LogicalPlan::Values(_) => false,
-        _ => true,
-    };
-    !plan
-        .exists(|node| Ok(unfit(node)))
-        .expect("the closure never fails")
+    !needs_more(plan, &[Needs::OneStage, Needs::Exchange])
 }
 
 /// The executor for the next query that runs on one: they take turns.
