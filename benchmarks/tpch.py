@@ -177,7 +177,8 @@ class Basin:
         """`config`: an optional basin.toml passed to every process with `--config`."""
         self.procs = []
         self.workdir = workdir
-        env = dict(os.environ, BASIN_LOG="warn")
+        env = dict(os.environ)
+        env.setdefault("BASIN_LOG", "warn")  # BASIN_LOG=debug python3 ... to see more
         flight = free_port()
         def spawn(name, *args):
             log = workdir / f"{name}.log"

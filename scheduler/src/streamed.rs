@@ -18,13 +18,16 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use arrow_flight::Ticket;
 use arrow_flight::decode::FlightRecordBatchStream;
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{FlightData, SchemaAsIpc, Ticket};
 use ballista_core::extension::SessionConfigHelperExt;
 use ballista_core::serde::protobuf::TaskDefinition;
 use basin_connectors::codec::{encode_stage_ticket, physical_codec};
+use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
+use datafusion::arrow::ipc::MessageHeader;
+use datafusion::arrow::ipc::writer::IpcWriteOptions;
 use datafusion::common::tree_node::TreeNode;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
@@ -44,6 +47,7 @@ use datafusion::physical_plan::{
 };
 use datafusion_proto::physical_plan::AsExecutionPlan;
 use datafusion_proto::protobuf::PhysicalPlanNode;
+use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 
 use crate::server::ExecutorInfo;
@@ -317,6 +321,33 @@ impl ExecutionPlan for StreamedStageExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
+        let messages = self.flight(partition, context);
+        let batches = FlightRecordBatchStream::new_from_flight_data(
+            messages.map_err(|e| FlightError::ExternalError(Box::new(e))),
+        )
+        .map_err(|e| match e {
+            FlightError::ExternalError(e) => match e.downcast::<DataFusionError>() {
+                Ok(e) => *e,
+                Err(e) => DataFusionError::External(e),
+            },
+            other => DataFusionError::Execution(format!("bad stream from an executor: {other}")),
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema(),
+            batches,
+        )))
+    }
+}
+
+impl StreamedStageExec {
+    /// The Flight messages of `partition` as its executor encoded them (schema first, then
+    /// record batches), for [`StreamedStageExec::execute`] to decode or for a result that
+    /// is passed on to the client unchanged ([`relayable`]).
+    pub(crate) fn flight(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> BoxStream<'static, Result<FlightData>> {
         let executor = self.executor(partition).clone();
         let task = TaskDefinition {
             job_id: self.id.clone(),
@@ -355,19 +386,190 @@ impl ExecutionPlan for StreamedStageExec {
                     tonic::Code::Unavailable => failed("unavailable", &status.message()),
                     _ => DataFusionError::Execution(status.message().into()),
                 })?;
-            let batches = FlightRecordBatchStream::new_from_flight_data(
-                response.into_inner().map_err(FlightError::from),
-            )
-            .map_err(move |e| match e {
-                // The executor's own words (a source's error, a bad plan).
-                FlightError::Tonic(status) => DataFusionError::Execution(status.message().into()),
-                other => failed("lost the stream", &other),
-            });
-            Ok::<_, DataFusionError>(batches)
+            // The executor's own words (a source's error, a bad plan, a lost connection).
+            let messages = response
+                .into_inner()
+                .map_err(|status| DataFusionError::Execution(status.message().into()));
+            Ok::<_, DataFusionError>(messages)
         };
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            self.schema(),
-            futures::stream::once(fetch).try_flatten().boxed(),
-        )))
+        futures::stream::once(fetch).try_flatten().boxed()
+    }
+}
+
+/// The streamed stage of a plan that only merges its partitions, so that its executors'
+/// Flight messages can go to the client as they come, without being decoded and encoded
+/// again here: no operator above the stage (a merge without a limit at most), and no
+/// dictionary in the rows (executors send dictionaries as plain values, the result schema
+/// would not match).
+fn relayable(plan: &Arc<dyn ExecutionPlan>) -> Option<&StreamedStageExec> {
+    let stage = match plan.as_any().downcast_ref::<CoalescePartitionsExec>() {
+        Some(merge) if merge.fetch().is_none() => merge.input(),
+        Some(_) => return None,
+        None => plan,
+    };
+    let stage = stage.as_any().downcast_ref::<StreamedStageExec>()?;
+    let dictionaries = plan
+        .schema()
+        .fields()
+        .iter()
+        .any(|f| has_dictionary(f.data_type()));
+    (!dictionaries).then_some(stage)
+}
+
+fn has_dictionary(data_type: &DataType) -> bool {
+    match data_type {
+        DataType::Dictionary(..) => true,
+        DataType::List(f)
+        | DataType::LargeList(f)
+        | DataType::ListView(f)
+        | DataType::LargeListView(f)
+        | DataType::FixedSizeList(f, _)
+        | DataType::Map(f, _)
+        | DataType::RunEndEncoded(_, f) => has_dictionary(f.data_type()),
+        DataType::Struct(fields) => fields.iter().any(|f| has_dictionary(f.data_type())),
+        DataType::Union(fields, _) => fields.iter().any(|(_, f)| has_dictionary(f.data_type())),
+        _ => false,
+    }
+}
+
+/// When `plan` only merges the partitions of a streamed stage ([`relayable`]), the
+/// messages of all of them as one Flight stream for the client: one schema message
+/// (`schema`, the result's), then every partition's record batches in the order they arrive.
+/// Each executor's own schema message is checked against `schema`'s column types (a plan
+/// that decoded differently on an executor would otherwise reach the client as garbage) and
+/// dropped. The stream holds `plan` until it ends: plan nodes may hold what the executors
+/// need meanwhile (the transaction that exported a PostgreSQL snapshot).
+pub(crate) fn relay(
+    plan: &Arc<dyn ExecutionPlan>,
+    schema: SchemaRef,
+    context: Arc<TaskContext>,
+) -> Option<BoxStream<'static, Result<FlightData>>> {
+    let stage = relayable(plan)?;
+    let first: FlightData = SchemaAsIpc::new(&schema, &IpcWriteOptions::default()).into();
+    let partitions = stage.properties().partitioning.partition_count();
+    let streams = (0..partitions).map(|p| {
+        let expected = schema.clone();
+        let mut seen_schema = false;
+        stage
+            .flight(p, context.clone())
+            .try_filter_map(move |message| {
+                let keep = check_message(&message, &expected, &mut seen_schema);
+                futures::future::ready(keep.map(|keep| keep.then_some(message)))
+            })
+            .boxed()
+    });
+    tracing::debug!(
+        partitions,
+        "the executors' messages go to the client as they come"
+    );
+    let plan = plan.clone();
+    Some(
+        futures::stream::once(futures::future::ready(Ok(first)))
+            .chain(futures::stream::select_all(streams))
+            .inspect(move |_| {
+                let _holds = &plan;
+            })
+            .boxed(),
+    )
+}
+
+/// Whether an executor's message goes on to the client: record batches do, the executor's
+/// schema message (checked against `expected`) does not; anything else is an error.
+fn check_message(message: &FlightData, expected: &Schema, seen_schema: &mut bool) -> Result<bool> {
+    if message.data_header.is_empty() {
+        return Ok(false); // app_metadata only: nothing for the client
+    }
+    let header = datafusion::arrow::ipc::root_as_message(&message.data_header)
+        .map_err(|e| DataFusionError::Execution(format!("bad message from an executor: {e}")))?;
+    match header.header_type() {
+        MessageHeader::RecordBatch if *seen_schema => Ok(true),
+        MessageHeader::Schema if !*seen_schema => {
+            let got = Schema::try_from(message).map_err(|e| {
+                DataFusionError::Execution(format!("bad schema from an executor: {e}"))
+            })?;
+            let types = |s: &Schema| {
+                s.fields()
+                    .iter()
+                    .map(|f| f.data_type().clone())
+                    .collect::<Vec<_>>()
+            };
+            if types(&got) != types(expected) {
+                return Err(DataFusionError::Internal(format!(
+                    "an executor's rows have types {:?}, the plan's have {:?}",
+                    types(&got),
+                    types(expected)
+                )));
+            }
+            *seen_schema = true;
+            Ok(false)
+        }
+        other => Err(DataFusionError::Execution(format!(
+            "unexpected {other:?} message from an executor"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_flight::utils::batches_to_flight_data;
+    use datafusion::arrow::array::{Int64Array, RecordBatch, StringArray};
+    use datafusion::arrow::datatypes::Field;
+
+    fn messages(schema: &SchemaRef) -> Vec<FlightData> {
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2])),
+                Arc::new(StringArray::from(vec!["a", "b"])),
+            ],
+        )
+        .unwrap();
+        batches_to_flight_data(schema, vec![batch]).unwrap()
+    }
+
+    fn schema(names: [&str; 2]) -> SchemaRef {
+        Arc::new(Schema::new(vec![
+            Field::new(names[0], DataType::Int64, false),
+            Field::new(names[1], DataType::Utf8, true),
+        ]))
+    }
+
+    #[test]
+    fn relayed_messages_keep_batches_and_drop_the_checked_schema() {
+        let sent = messages(&schema(["a", "b"]));
+        // Names and nullability may differ (the client gets the plan's); types may not.
+        let expected = schema(["x", "y"]);
+        let mut seen = false;
+        let kept: Vec<bool> = sent
+            .iter()
+            .map(|m| check_message(m, &expected, &mut seen).unwrap())
+            .collect();
+        assert_eq!(kept, [false, true]);
+
+        let other = Schema::new(vec![
+            Field::new("a", DataType::Int32, false),
+            Field::new("b", DataType::Utf8, true),
+        ]);
+        let err = check_message(&sent[0], &other, &mut false).unwrap_err();
+        assert!(err.to_string().contains("types"), "{err}");
+
+        // A batch before any schema, or a second schema, is not a stream Basin sent.
+        assert!(check_message(&sent[1], &expected, &mut false).is_err());
+        assert!(check_message(&sent[0], &expected, &mut true).is_err());
+    }
+
+    #[test]
+    fn dictionaries_anywhere_in_a_type_are_found() {
+        let dict = DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8));
+        assert!(has_dictionary(&dict));
+        assert!(has_dictionary(&DataType::List(Arc::new(Field::new(
+            "item", dict, true
+        )))));
+        assert!(!has_dictionary(&DataType::List(Arc::new(Field::new(
+            "item",
+            DataType::Utf8,
+            true
+        )))));
     }
 }

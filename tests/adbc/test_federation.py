@@ -1,13 +1,15 @@
-"""Cancellation reaches the source databases: a Flight SQL client (the ADBC driver) cancels a
-query, or walks away from its result, and the remote statement that Basin's executors run on
-PostgreSQL / MariaDB stops too (`pg_cancel_backend`, `KILL QUERY`) instead of running on for
-nobody.
+"""Federated reads through a Flight SQL client (the ADBC driver). Cancellation reaches the
+source databases: a client cancels a query, or walks away from its result, and the remote
+statement that Basin's executors run on PostgreSQL / MariaDB stops too (`pg_cancel_backend`,
+`KILL QUERY`) instead of running on for nobody. A split extraction reads one snapshot while its
+result streams to the client.
 
 Needs the throwaway servers of `.ci/services.sh` (BASIN_TEST_PG_URL, BASIN_TEST_MYSQL_URL):
 skipped without them locally, a failure when CI=true.
 """
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -21,6 +23,7 @@ import pytest
 from conftest import Cluster, free_port, wait_port, wait_ready
 
 SLEEP_SECONDS = 120
+WIDE_ROWS = 20_000
 
 
 def source_urls():
@@ -62,6 +65,8 @@ def federation():
     name = f"cancel_{uuid.uuid4().hex[:8]}"
     psql(pg, f"CREATE SCHEMA {name}; CREATE VIEW {name}.slow AS "
              f"SELECT g AS id FROM generate_series(1, 3) g, LATERAL pg_sleep({SLEEP_SECONDS}) s")
+    psql(pg, f"CREATE TABLE {name}.wide AS SELECT g AS id, repeat('x', 200) AS pad "
+             f"FROM generate_series(1, {WIDE_ROWS}) g")
     mariadb(my, f"CREATE DATABASE {name}")
     mariadb(my, f"CREATE VIEW {name}.slow AS SELECT SLEEP({SLEEP_SECONDS}) AS id")
     workdir = Path(tempfile.mkdtemp(prefix="basin-adbc-federation-"))
@@ -70,6 +75,9 @@ def federation():
         (workdir / "basin.toml").write_text(
             '[catalogs.pg]\nconnector = "postgres"\nurl = "${env:BASIN_TEST_PG_URL}"\n'
             'tls = "disable"\n\n'
+            # Splits of 64 KiB: the `wide` table is read in several, under one snapshot.
+            '[catalogs.pgsplit]\nconnector = "postgres"\nurl = "${env:BASIN_TEST_PG_URL}"\n'
+            'tls = "disable"\nsplit_size_bytes = 65536\nmax_splits = 6\n\n'
             '[catalogs.my]\nconnector = "mysql"\nurl = "${env:BASIN_TEST_MYSQL_URL}"\n'
             'tls = "disable"\n')
         config = ["--config", str(workdir / "basin.toml")]
@@ -182,3 +190,22 @@ def test_abandoned_client_stops_the_remote_query(federation, source):
     finally:
         if client.poll() is None:
             client.kill()
+
+
+def test_split_extraction_streams_every_row_of_one_snapshot(federation):
+    """The splits of a PostgreSQL scan join a snapshot the scheduler exported; it must stay
+    open while the executors' messages are relayed to the client (a regression: the relay
+    once let it go before the executors joined it)."""
+    import adbc_driver_flightsql.dbapi as fs
+    table = f"pgsplit.{federation['schema']}.wide"
+    with fs.connect(federation["url"], autocommit=True) as conn, conn.cursor() as cur:
+        cur.execute(f"EXPLAIN SELECT id, pad FROM {table}")
+        plan = "\n".join(str(r[-1]) for r in cur.fetchall())
+        splits = re.search(r"StreamedStageExec: partitions=(\d+)", plan)
+        assert splits and int(splits.group(1)) > 1, plan
+        assert "one snapshot" in plan, plan
+        cur.execute(f"SELECT id, pad FROM {table}")
+        result = cur.fetch_arrow_table()
+    ids = sorted(result.column("id").to_pylist())
+    assert ids == list(range(1, WIDE_ROWS + 1))
+    assert set(result.column("pad").to_pylist()) == {"x" * 200}

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use std::any::Any;
 
+use bytes::{Bytes, BytesMut};
 use datafusion::arrow::array::{
     ArrayBuilder, ArrayRef, BinaryBuilder, BooleanBuilder, Date32Builder, Decimal128Builder,
     Decimal256Builder, Float32Builder, Float64Builder, Int8Builder, Int16Builder, Int32Builder,
@@ -558,11 +559,31 @@ fn push_mysql(b: &mut Builder, value: Option<&[u8]>) -> Result<()> {
 }
 
 /// Incremental parser of PostgreSQL's binary COPY stream.
+///
+/// PostgreSQL sends one row per CopyData message, so a chunk usually holds whole rows and is
+/// decoded where it lies; bytes are copied only when a row straddles chunks.
 pub struct CopyParser {
-    buf: Vec<u8>,
+    buf: Unparsed,
     pos: usize,
     header_done: bool,
     pub done: bool,
+}
+
+/// The bytes not decoded yet (from `pos` on).
+enum Unparsed {
+    /// The last chunk fed, as received.
+    Chunk(Bytes),
+    /// Chunks joined because a row straddles them.
+    Joined(BytesMut),
+}
+
+impl Unparsed {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Self::Chunk(b) => b,
+            Self::Joined(b) => b,
+        }
+    }
 }
 
 impl Default for CopyParser {
@@ -576,7 +597,7 @@ const COPY_SIGNATURE: &[u8] = b"PGCOPY\n\xff\r\n\0";
 impl CopyParser {
     pub fn new() -> Self {
         Self {
-            buf: Vec::with_capacity(1 << 20),
+            buf: Unparsed::Chunk(Bytes::new()),
             pos: 0,
             header_done: false,
             done: false,
@@ -584,27 +605,42 @@ impl CopyParser {
     }
 
     /// Adds a chunk of the stream.
-    pub fn feed(&mut self, chunk: &[u8]) {
-        if self.pos > 0 && self.pos * 2 >= self.buf.len() {
-            self.buf.drain(..self.pos);
-            self.pos = 0;
+    pub fn feed(&mut self, chunk: Bytes) {
+        let left = self.buf.bytes().len() - self.pos;
+        if left == 0 {
+            self.buf = Unparsed::Chunk(chunk);
+        } else {
+            let joined = match &mut self.buf {
+                Unparsed::Joined(joined) => {
+                    let _ = joined.split_to(self.pos);
+                    std::mem::take(joined)
+                }
+                Unparsed::Chunk(last) => {
+                    let mut joined = BytesMut::with_capacity(left + chunk.len());
+                    joined.extend_from_slice(&last[self.pos..]);
+                    joined
+                }
+            };
+            let mut joined = joined;
+            joined.extend_from_slice(&chunk);
+            self.buf = Unparsed::Joined(joined);
         }
-        self.buf.extend_from_slice(chunk);
+        self.pos = 0;
     }
 
     /// Decodes every complete row buffered so far into `columns`, stopping early once
     /// `columns` holds `max_rows`.
     pub fn parse(&mut self, columns: &mut Columns, max_rows: usize) -> Result<()> {
         if !self.header_done {
-            if self.buf.len() < self.pos + 19 {
+            if self.buf.bytes().len() < self.pos + 19 {
                 return Ok(());
             }
-            let head = &self.buf[self.pos..];
+            let head = &self.buf.bytes()[self.pos..];
             if &head[..11] != COPY_SIGNATURE {
                 return Err(bad("COPY", "missing binary COPY signature"));
             }
             let ext = u32::from_be_bytes(head[15..19].try_into().expect("4 bytes")) as usize;
-            if self.buf.len() < self.pos + 19 + ext {
+            if self.buf.bytes().len() < self.pos + 19 + ext {
                 return Ok(());
             }
             self.pos += 19 + ext;
@@ -612,7 +648,8 @@ impl CopyParser {
         }
         let width = columns.width();
         while !self.done && columns.rows() < max_rows {
-            let row = &self.buf[self.pos..];
+            let buf = self.buf.bytes();
+            let row = &buf[self.pos..];
             if row.len() < 2 {
                 return Ok(());
             }
@@ -647,13 +684,13 @@ impl CopyParser {
             }
             let mut at = self.pos + 2;
             for i in 0..width {
-                let len = i32::from_be_bytes(self.buf[at..at + 4].try_into().expect("4 bytes"));
+                let len = i32::from_be_bytes(buf[at..at + 4].try_into().expect("4 bytes"));
                 at += 4;
                 if len < 0 {
                     columns.push_pg(i, None)?;
                 } else {
                     let end = at + len as usize;
-                    columns.push_pg(i, Some(&self.buf[at..end]))?;
+                    columns.push_pg(i, Some(&buf[at..end]))?;
                     at = end;
                 }
             }
@@ -786,7 +823,7 @@ mod tests {
         let mut parser = CopyParser::new();
         let mut columns = Columns::new(schema, 8).unwrap();
         for chunk in stream.chunks(3) {
-            parser.feed(chunk);
+            parser.feed(Bytes::copy_from_slice(chunk));
             parser.parse(&mut columns, 100).unwrap();
         }
         assert!(parser.done);

@@ -386,14 +386,18 @@ fn run_postgres<'a>(
             };
             let mut parser = CopyParser::new();
             let mut columns = Columns::new(schema.clone(), batch_size).map_err(Stop::Failed)?;
+            // One wait for the reader to go away for the whole stream, not one per row.
+            let closed = tx.closed();
+            tokio::pin!(closed);
             loop {
                 let chunk = tokio::select! {
+                    biased;
                     c = stream.next() => c,
-                    _ = tx.closed() => return Err(Stop::Cancelled),
+                    _ = &mut closed => return Err(Stop::Cancelled),
                 };
                 match chunk {
                     Some(Ok(bytes)) => {
-                        parser.feed(&bytes);
+                        parser.feed(bytes);
                         loop {
                             parser
                                 .parse(&mut columns, batch_size)
@@ -475,10 +479,13 @@ fn run_mysql<'a>(
             let mut rows = (&mut *conn).fetch(statement);
             let mut columns = Columns::new(schema.clone(), batch_size).map_err(Stop::Failed)?;
             let width = columns.width();
+            let closed = tx.closed();
+            tokio::pin!(closed);
             loop {
                 let row = tokio::select! {
+                    biased;
                     r = rows.next() => r,
-                    _ = tx.closed() => return Err(Stop::Cancelled),
+                    _ = &mut closed => return Err(Stop::Cancelled),
                 };
                 match row {
                     Some(Ok(row)) => {
@@ -600,8 +607,11 @@ fn plan_splits<'a>(
         }
         match src.pool() {
             Pool::Postgres(pool) => {
-                let row: Option<(i32, String, i32)> = sqlx::query_as(
-                "SELECT c.relpages, c.relkind::text, current_setting('server_version_num')::int \
+                // The table's size now, not `relpages` (an estimate that stays 0 until the
+                // first ANALYZE: a freshly loaded table would be read in one piece).
+                let row: Option<(i64, String, i32)> = sqlx::query_as(
+                "SELECT pg_relation_size(c.oid) / current_setting('block_size')::int8, \
+                 c.relkind::text, current_setting('server_version_num')::int \
                  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
                  WHERE n.nspname = $1 AND c.relname = $2",
             )

@@ -21,17 +21,18 @@ use arrow_flight::sql::{
     DoPutPreparedStatementResult, ProstMessageExt, SqlInfo, TicketStatementQuery,
 };
 use arrow_flight::{
-    Action, CancelFlightInfoRequest, CancelFlightInfoResult, CancelStatus, FlightDescriptor,
-    FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse, IpcMessage, SchemaAsIpc,
-    Ticket,
+    Action, CancelFlightInfoRequest, CancelFlightInfoResult, CancelStatus, FlightData,
+    FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse, IpcMessage,
+    SchemaAsIpc, Ticket,
 };
 use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::ipc::writer::IpcWriteOptions;
 use datafusion::common::{ParamValues, ScalarValue};
+use datafusion::dataframe::DataFrame;
 use datafusion::error::DataFusionError;
 use datafusion::logical_expr::{LogicalPlan, TableType};
-use datafusion::physical_plan::SendableRecordBatchStream;
+use datafusion::physical_plan::{SendableRecordBatchStream, execute_stream};
 use futures::stream::{AbortHandle, Abortable, BoxStream};
 use futures::{Stream, StreamExt, TryStreamExt};
 use prost::Message;
@@ -42,6 +43,7 @@ use super::SessionFactory;
 use super::auth::{Tokens, Users, parse_basic};
 use super::metadata::{SQL_INFO, XDBC_TYPES, annotate_schema};
 use super::state::{Registry, Session, Statement};
+use crate::streamed;
 
 type DoGetStream = Pin<Box<dyn Stream<Item = Result<arrow_flight::FlightData, Status>> + Send>>;
 
@@ -202,8 +204,7 @@ impl BasinFlightSqlService {
         let session = session.map_err(to_status)?;
         // Name the Ballista job after the statement so a cancel can find and stop it.
         name_next_jobs(&session, handle);
-        let stream = execute(&session, plan, params).await?;
-        let schema = stream.schema();
+        let started = start(&session, plan, params).await?;
         let (abort, registration) = AbortHandle::new_pair();
         self.registry
             .with_statement(handle, key, |s| s.abort = Some(abort));
@@ -213,18 +214,35 @@ impl BasinFlightSqlService {
             session: key.to_string(),
             remove: !prepared,
         };
-        let batches = Cancellable {
-            inner: Abortable::new(stream, registration),
-            done: false,
-            abandon: Some((self.sessions.clone(), handle.to_string())),
-            _cleanup: cleanup,
-        }
-        .map_err(|e| FlightError::Tonic(Box::new(to_status(e))));
-        let flight = FlightDataEncoderBuilder::new()
-            .with_schema(schema)
-            .build(batches)
-            .map_err(Status::from);
-        Ok(Response::new(Box::pin(flight)))
+        let abandon = Some((self.sessions.clone(), handle.to_string()));
+        let flight: DoGetStream = match started {
+            Started::Batches(stream) => {
+                let schema = stream.schema();
+                let batches = Cancellable {
+                    inner: Abortable::new(stream, registration),
+                    done: false,
+                    abandon,
+                    _cleanup: cleanup,
+                }
+                .map_err(|e| FlightError::Tonic(Box::new(to_status(e))));
+                Box::pin(
+                    FlightDataEncoderBuilder::new()
+                        .with_schema(schema)
+                        .build(batches)
+                        .map_err(Status::from),
+                )
+            }
+            Started::Relayed(messages) => Box::pin(
+                Cancellable {
+                    inner: Abortable::new(messages, registration),
+                    done: false,
+                    abandon,
+                    _cleanup: cleanup,
+                }
+                .map_err(to_status),
+            ),
+        };
+        Ok(Response::new(flight))
     }
 
     async fn update_count(
@@ -354,8 +372,8 @@ impl Drop for Cleanup {
 /// its Ballista job when the client goes away before the end (a closed connection, a
 /// client-side cancel, a reader dropped early): the cluster and the sources it reads stop
 /// working for nobody.
-struct Cancellable {
-    inner: Abortable<SendableRecordBatchStream>,
+struct Cancellable<S> {
+    inner: Abortable<S>,
     done: bool,
     /// The job to cancel if the stream is dropped before it ended (all batches, an error
     /// or a cancel); `None` once it ended.
@@ -363,7 +381,7 @@ struct Cancellable {
     _cleanup: Cleanup,
 }
 
-impl Drop for Cancellable {
+impl<S> Drop for Cancellable<S> {
     fn drop(&mut self) {
         let Some((sessions, handle)) = self.abandon.take() else {
             return;
@@ -375,8 +393,11 @@ impl Drop for Cancellable {
     }
 }
 
-impl Stream for Cancellable {
-    type Item = datafusion::error::Result<RecordBatch>;
+impl<S, T> Stream for Cancellable<S>
+where
+    S: Stream<Item = datafusion::error::Result<T>> + Unpin,
+{
+    type Item = datafusion::error::Result<T>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         if self.done {
@@ -413,23 +434,63 @@ fn name_next_jobs(session: &Session, name: &str) {
     }
 }
 
+/// How a query's result leaves the scheduler.
+enum Started {
+    /// Batches computed here (or decoded here from the executors), encoded for the client.
+    Batches(SendableRecordBatchStream),
+    /// The executors' Flight messages, passed on unchanged ([`streamed::relay`]): a result
+    /// the front end only merges is not decoded and encoded again on its way through.
+    Relayed(BoxStream<'static, datafusion::error::Result<FlightData>>),
+}
+
+/// Plans and starts a query.
+async fn start(
+    session: &Session,
+    plan: LogicalPlan,
+    params: Option<ParamValues>,
+) -> Result<Started, Status> {
+    let df = dataframe(session, plan, params).await?;
+    let schema = annotate_schema(df.schema());
+    let context = Arc::new(df.task_ctx());
+    let physical = df.create_physical_plan().await.map_err(to_status)?;
+    if let Some(messages) = streamed::relay(&physical, schema.clone(), context.clone()) {
+        return Ok(Started::Relayed(messages));
+    }
+    let stream = execute_stream(physical, context).map_err(to_status)?;
+    Ok(Started::Batches(with_schema(schema, stream)))
+}
+
+/// Runs a statement for its batches (DML, DDL).
 async fn execute(
     session: &Session,
     plan: LogicalPlan,
     params: Option<ParamValues>,
 ) -> Result<SendableRecordBatchStream, Status> {
+    let df = dataframe(session, plan, params).await?;
+    let schema = annotate_schema(df.schema());
+    let stream = df.execute_stream().await.map_err(to_status)?;
+    Ok(with_schema(schema, stream))
+}
+
+async fn dataframe(
+    session: &Session,
+    plan: LogicalPlan,
+    params: Option<ParamValues>,
+) -> Result<DataFrame, Status> {
     let plan = match params {
         Some(p) => plan.with_param_values(p).map_err(to_status)?,
         None => plan,
     };
-    let df = session
+    session
         .ctx
         .execute_logical_plan(plan)
         .await
-        .map_err(to_status)?;
-    let schema = annotate_schema(df.schema());
-    let stream = df.execute_stream().await.map_err(to_status)?;
-    Ok(Box::pin(
+        .map_err(to_status)
+}
+
+/// `stream` with `schema` (the plan's, annotated for Flight SQL) on its batches.
+fn with_schema(schema: SchemaRef, stream: SendableRecordBatchStream) -> SendableRecordBatchStream {
+    Box::pin(
         datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
             schema.clone(),
             stream.map(move |b| {
@@ -443,7 +504,7 @@ async fn execute(
                 })
             }),
         ),
-    ))
+    )
 }
 
 /// Rows affected by DML (DataFusion returns a `count` column), 0 for DDL.
