@@ -239,6 +239,10 @@ pub struct SqlSourceConfig {
     pub split_size_bytes: Option<u64>,
     /// Most splits of one table scan (default: 4 per task slot of the cluster).
     pub max_splits: Option<usize>,
+    /// Longest one remote statement may run on the source, in seconds (default: no limit):
+    /// PostgreSQL `statement_timeout`, MariaDB `max_statement_time`, MySQL
+    /// `max_execution_time`. A query that reaches it fails with an error that names it.
+    pub statement_timeout_secs: Option<u64>,
 }
 
 /// Options of a `connector = "tpch"` catalog.

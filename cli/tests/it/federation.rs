@@ -934,3 +934,45 @@ fn unreachable_source_and_unknown_table_are_clear_errors() {
     assert!(e.contains("pg") && !e.contains("sekrit"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn statement_timeout_stops_a_slow_remote_query_with_an_error_that_names_it() {
+    let Some(f) = Fixture::new("timeout") else {
+        return;
+    };
+    f.pg("CREATE VIEW slow AS SELECT 1 AS id FROM pg_sleep(30)");
+    f.my("CREATE VIEW slow AS SELECT SLEEP(30) AS id");
+    let config = std::fs::read_to_string(&f.config).unwrap().replace(
+        "max_splits = 4\n",
+        "max_splits = 4\nstatement_timeout_secs = 1\n",
+    );
+    std::fs::write(&f.config, config).unwrap();
+    let n = &f.name;
+    for catalog in ["pg", "my"] {
+        let started = std::time::Instant::now();
+        let out = f.run(&format!("SELECT * FROM {catalog}.{n}.slow"));
+        let e = stderr(&out);
+        assert!(!out.status.success(), "{catalog}: {}", stdout(&out));
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{catalog}: the limit did not stop the query ({:?})",
+            started.elapsed()
+        );
+        assert!(
+            e.contains(&format!("source `{catalog}`"))
+                && e.contains(&format!(
+                    "statement_timeout_secs = 1 in [catalogs.{catalog}]"
+                )),
+            "{catalog}: {e}"
+        );
+    }
+    // Quick statements are not affected.
+    f.pg("CREATE TABLE quick AS SELECT 7 AS id");
+    f.my("CREATE TABLE quick AS SELECT 7 AS id");
+    for catalog in ["pg", "my"] {
+        assert_eq!(
+            f.ok(&format!("SELECT id FROM {catalog}.{n}.quick")),
+            "id\n7\n"
+        );
+    }
+}

@@ -610,16 +610,16 @@ fn plan_splits<'a>(
                 // The table's size now, not `relpages` (an estimate that stays 0 until the
                 // first ANALYZE: a freshly loaded table would be read in one piece).
                 let row: Option<(i64, String, i32)> = sqlx::query_as(
-                "SELECT pg_relation_size(c.oid) / current_setting('block_size')::int8, \
+                    "SELECT pg_relation_size(c.oid) / current_setting('block_size')::int8, \
                  c.relkind::text, current_setting('server_version_num')::int \
                  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
                  WHERE n.nspname = $1 AND c.relname = $2",
-            )
-            .bind(&base.schema)
-            .bind(&base.table)
-            .fetch_optional(pool)
-            .await
-            .map_err(|e| src.error("cannot size the table", e))?;
+                )
+                .bind(&base.schema)
+                .bind(&base.table)
+                .fetch_optional(pool)
+                .await
+                .map_err(|e| src.error("cannot size the table", e))?;
                 let Some((pages, kind, version)) = row else {
                     return single();
                 };

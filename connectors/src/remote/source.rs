@@ -126,11 +126,20 @@ impl RemoteSource {
             }
             Dialect::MySql => {
                 let options = mysql_options(name, config)?;
+                let timeout = config.statement_timeout_secs;
                 Pool::MySql(
                     MySqlPoolOptions::new()
                         .max_connections(pool_size)
                         .acquire_timeout(acquire)
                         .idle_timeout(Duration::from_secs(300))
+                        .after_connect(move |conn, _| {
+                            Box::pin(async move {
+                                if let Some(secs) = timeout {
+                                    mysql_statement_timeout(conn, secs).await?;
+                                }
+                                Ok(())
+                            })
+                        })
                         .connect_lazy_with(options),
                 )
             }
@@ -174,6 +183,14 @@ impl RemoteSource {
             self.dialect.name(),
             self.name
         );
+        if let Some(secs) = self.config.statement_timeout_secs
+            && is_statement_timeout(&text)
+        {
+            text.push_str(&format!(
+                " (the source's limit: statement_timeout_secs = {secs} in [catalogs.{}])",
+                self.name
+            ));
+        }
         for secret in [&self.config.password, &self.config.url]
             .into_iter()
             .flatten()
@@ -247,7 +264,8 @@ fn pg_options(name: &str, c: &SqlSourceConfig) -> Result<PgConnectOptions> {
         TlsMode::VerifyCa => PgSslMode::VerifyCa,
         TlsMode::VerifyFull => PgSslMode::VerifyFull,
     };
-    Ok(o.ssl_mode(ssl)
+    let o = o
+        .ssl_mode(ssl)
         .application_name(&application_name())
         .statement_cache_capacity(0)
         // Literals are rendered for these settings (see `sql::render`).
@@ -258,7 +276,11 @@ fn pg_options(name: &str, c: &SqlSourceConfig) -> Result<PgConnectOptions> {
             ("TimeZone", "UTC"),
             ("IntervalStyle", "postgres"),
             ("extra_float_digits", "3"),
-        ]))
+        ]);
+    Ok(match c.statement_timeout_secs {
+        Some(secs) => o.options([("statement_timeout", format!("{secs}s"))]),
+        None => o,
+    })
 }
 
 /// `basin executor`, `basin scheduler`...: which Basin process a source session belongs to
@@ -306,6 +328,35 @@ fn mysql_options(name: &str, c: &SqlSourceConfig) -> Result<MySqlConnectOptions>
         .charset("utf8mb4")
         .timezone(Some("+00:00".to_string()))
         .statement_cache_capacity(0))
+}
+
+/// Whether a source's error says its statement time limit stopped the query.
+fn is_statement_timeout(text: &str) -> bool {
+    [
+        "canceling statement due to statement timeout", // PostgreSQL
+        "max_statement_time exceeded",                  // MariaDB
+        "maximum statement execution time exceeded",    // MySQL
+    ]
+    .iter()
+    .any(|m| text.contains(m))
+}
+
+/// Sets a new MySQL/MariaDB connection's statement time limit: MariaDB's
+/// `max_statement_time` (seconds, every statement), else MySQL's `max_execution_time`
+/// (milliseconds, SELECTs: all Basin sends).
+async fn mysql_statement_timeout(
+    conn: &mut sqlx::MySqlConnection,
+    secs: u64,
+) -> std::result::Result<(), sqlx::Error> {
+    use sqlx::Executor;
+    let mariadb = conn
+        .execute(format!("SET SESSION max_statement_time = {secs}").as_str())
+        .await;
+    if mariadb.is_err() {
+        conn.execute(format!("SET SESSION max_execution_time = {}", secs * 1000).as_str())
+            .await?;
+    }
+    Ok(())
 }
 
 /// The runtime all remote I/O runs on: pools and their sockets live here, whatever runtime
