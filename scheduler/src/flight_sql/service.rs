@@ -224,10 +224,14 @@ impl BasinFlightSqlService {
                     abandon,
                     _cleanup: cleanup,
                 }
-                .map_err(|e| FlightError::Tonic(Box::new(to_status(e))));
+                .map_err(|e| FlightError::Tonic(Box::new(to_status(e))))
+                .map_ok(|batch| futures::stream::iter(split_for_flight(batch).into_iter().map(Ok)))
+                .try_flatten();
                 Box::pin(
                     FlightDataEncoderBuilder::new()
                         .with_schema(schema)
+                        // Split above, by the rows' true size.
+                        .with_max_flight_data_size(usize::MAX)
                         .build(batches)
                         .map_err(Status::from),
                 )
@@ -432,6 +436,36 @@ fn name_next_jobs(session: &Session, name: &str) {
     {
         tracing::debug!(error = %e, "cannot name the Ballista job");
     }
+}
+
+/// Row data per Flight message (clients' default gRPC message limit is 4 MiB).
+const FLIGHT_MESSAGE_BYTES: usize = 2 * 1024 * 1024;
+
+/// Splits a batch into pieces of about [`FLIGHT_MESSAGE_BYTES`] of row data. arrow-flight's
+/// encoder splits by `get_buffer_memory_size`, which counts each buffer's whole allocation:
+/// when a batch decoded from an executor's message keeps sharing that message's allocation
+/// (aligned buffers are not copied by the IPC reader), every column counts the whole message
+/// and the batch would go out as many small messages, each costing the client.
+fn split_for_flight(batch: RecordBatch) -> Vec<RecordBatch> {
+    let bytes: usize = batch
+        .columns()
+        .iter()
+        .map(|c| {
+            c.to_data()
+                .get_slice_memory_size()
+                .unwrap_or_else(|_| c.get_buffer_memory_size())
+        })
+        .sum();
+    let rows = batch.num_rows();
+    let pieces = bytes.div_ceil(FLIGHT_MESSAGE_BYTES).max(1);
+    if pieces == 1 || rows <= 1 {
+        return vec![batch];
+    }
+    let per = rows.div_ceil(pieces);
+    (0..rows)
+        .step_by(per)
+        .map(|at| batch.slice(at, per.min(rows - at)))
+        .collect()
 }
 
 /// How a query's result leaves the scheduler.
@@ -1140,4 +1174,69 @@ async fn read_parameters(stream: PeekableFlightDataStream) -> Result<Vec<ParamVa
         }
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::{Int64Array, StringArray};
+    use datafusion::arrow::ipc::reader::StreamReader;
+    use datafusion::arrow::ipc::writer::StreamWriter;
+
+    /// A batch as the scheduler gets it from an executor: decoded from one IPC message, all
+    /// columns sharing the message's allocation.
+    fn decoded(rows: usize) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("text", DataType::Utf8, false),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(0..rows as i64)),
+                Arc::new(StringArray::from_iter_values(
+                    (0..rows).map(|i| format!("{i:020}")),
+                )),
+            ],
+        )
+        .unwrap();
+        let mut bytes = vec![];
+        let mut writer = StreamWriter::try_new(&mut bytes, &schema).unwrap();
+        writer.write(&batch).unwrap();
+        writer.finish().unwrap();
+        drop(writer);
+        StreamReader::try_new(std::io::Cursor::new(bytes), None)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+    }
+
+    #[test]
+    fn batches_split_by_their_rows_size_not_by_shared_allocations() {
+        // 100k rows: 0.8 MB of ids and 2.4 MB of text (with offsets): two messages.
+        let batch = decoded(100_000);
+        let pieces = split_for_flight(batch.clone());
+        assert_eq!(pieces.len(), 2);
+        assert_eq!(pieces.iter().map(|b| b.num_rows()).sum::<usize>(), 100_000);
+        assert_eq!(
+            pieces[1]
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .value(0),
+            50_000
+        );
+        // What arrow-flight's own split would have counted.
+        let allocations: usize = batch
+            .columns()
+            .iter()
+            .map(|c| c.get_buffer_memory_size())
+            .sum();
+        assert!(allocations > 2 * 3_200_000, "{allocations}");
+        // Small and empty batches travel whole.
+        assert_eq!(split_for_flight(decoded(1_000)).len(), 1);
+        assert_eq!(split_for_flight(decoded(0)).len(), 1);
+    }
 }
