@@ -29,11 +29,11 @@ use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::ipc::writer::IpcWriteOptions;
 use datafusion::common::{ParamValues, ScalarValue};
-use datafusion::dataframe::DataFrame;
 use datafusion::error::DataFusionError;
+use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{LogicalPlan, TableType};
-use datafusion::physical_plan::{SendableRecordBatchStream, execute_stream};
-use futures::stream::{AbortHandle, Abortable, BoxStream};
+use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream, execute_stream};
+use futures::stream::{AbortHandle, AbortRegistration, Abortable, BoxStream};
 use futures::{Stream, StreamExt, TryStreamExt};
 use prost::Message;
 use tonic::metadata::MetadataValue;
@@ -218,15 +218,12 @@ impl BasinFlightSqlService {
         let flight: DoGetStream = match started {
             Started::Batches(stream) => {
                 let schema = stream.schema();
-                let batches = Cancellable {
-                    inner: Abortable::new(stream, registration),
-                    done: false,
-                    abandon,
-                    _cleanup: cleanup,
-                }
-                .map_err(|e| FlightError::Tonic(Box::new(to_status(e))))
-                .map_ok(|batch| futures::stream::iter(split_for_flight(batch).into_iter().map(Ok)))
-                .try_flatten();
+                let batches = Cancellable::new(stream, registration, abandon, cleanup)
+                    .map_err(|e| FlightError::Tonic(Box::new(to_status(e))))
+                    .map_ok(|batch| {
+                        futures::stream::iter(split_for_flight(batch).into_iter().map(Ok))
+                    })
+                    .try_flatten();
                 Box::pin(
                     FlightDataEncoderBuilder::new()
                         .with_schema(schema)
@@ -237,13 +234,7 @@ impl BasinFlightSqlService {
                 )
             }
             Started::Relayed(messages) => Box::pin(
-                Cancellable {
-                    inner: Abortable::new(messages, registration),
-                    done: false,
-                    abandon,
-                    _cleanup: cleanup,
-                }
-                .map_err(to_status),
+                Cancellable::new(messages, registration, abandon, cleanup).map_err(to_status),
             ),
         };
         Ok(Response::new(flight))
@@ -385,6 +376,22 @@ struct Cancellable<S> {
     _cleanup: Cleanup,
 }
 
+impl<S> Cancellable<S> {
+    fn new(
+        inner: S,
+        registration: AbortRegistration,
+        abandon: Option<(Arc<SessionFactory>, String)>,
+        cleanup: Cleanup,
+    ) -> Self {
+        Self {
+            inner: Abortable::new(inner, registration),
+            done: false,
+            abandon,
+            _cleanup: cleanup,
+        }
+    }
+}
+
 impl<S> Drop for Cancellable<S> {
     fn drop(&mut self) {
         let Some((sessions, handle)) = self.abandon.take() else {
@@ -483,10 +490,7 @@ async fn start(
     plan: LogicalPlan,
     params: Option<ParamValues>,
 ) -> Result<Started, Status> {
-    let df = dataframe(session, plan, params).await?;
-    let schema = annotate_schema(df.schema());
-    let context = Arc::new(df.task_ctx());
-    let physical = df.create_physical_plan().await.map_err(to_status)?;
+    let (schema, context, physical) = plan_physical(session, plan, params).await?;
     if let Some(messages) = streamed::relay(&physical, schema.clone(), context.clone()) {
         return Ok(Started::Relayed(messages));
     }
@@ -500,26 +504,30 @@ async fn execute(
     plan: LogicalPlan,
     params: Option<ParamValues>,
 ) -> Result<SendableRecordBatchStream, Status> {
-    let df = dataframe(session, plan, params).await?;
-    let schema = annotate_schema(df.schema());
-    let stream = df.execute_stream().await.map_err(to_status)?;
+    let (schema, context, physical) = plan_physical(session, plan, params).await?;
+    let stream = execute_stream(physical, context).map_err(to_status)?;
     Ok(with_schema(schema, stream))
 }
 
-async fn dataframe(
+/// The result's schema (annotated for Flight SQL), the task context and the physical plan.
+async fn plan_physical(
     session: &Session,
     plan: LogicalPlan,
     params: Option<ParamValues>,
-) -> Result<DataFrame, Status> {
+) -> Result<(SchemaRef, Arc<TaskContext>, Arc<dyn ExecutionPlan>), Status> {
     let plan = match params {
         Some(p) => plan.with_param_values(p).map_err(to_status)?,
         None => plan,
     };
-    session
+    let df = session
         .ctx
         .execute_logical_plan(plan)
         .await
-        .map_err(to_status)
+        .map_err(to_status)?;
+    let schema = annotate_schema(df.schema());
+    let context = Arc::new(df.task_ctx());
+    let physical = df.create_physical_plan().await.map_err(to_status)?;
+    Ok((schema, context, physical))
 }
 
 /// `stream` with `schema` (the plan's, annotated for Flight SQL) on its batches.
