@@ -194,6 +194,67 @@ fn bad_input_names_the_table_and_leaves_it_unchanged() {
 }
 
 #[test]
+fn parquet_properties_choose_how_files_are_written() {
+    let data = scratch_dir("lake-parquet-props");
+    ok(
+        &data,
+        "CREATE SCHEMA lake.s; \
+         CREATE TABLE lake.s.zstd AS SELECT * FROM tpch.tiny.lineitem; \
+         CREATE TABLE lake.s.snappy WITH (\"write.parquet.compression-codec\" = 'snappy') \
+           AS SELECT * FROM tpch.tiny.lineitem; \
+         CREATE TABLE lake.s.raw WITH (\"write.parquet.compression-codec\" = 'uncompressed', \
+           \"write.parquet.row-group-size-bytes\" = '1048576') \
+           AS SELECT * FROM tpch.tiny.lineitem",
+    );
+    let bytes = |table: &str| -> u64 {
+        let out = ok(
+            &data,
+            &format!("SELECT sum(file_size_in_bytes) AS b FROM lake.s.\"{table}$files\""),
+        );
+        out.lines().nth(1).unwrap().parse().unwrap()
+    };
+    let (zstd, snappy, raw) = (bytes("zstd"), bytes("snappy"), bytes("raw"));
+    assert!(
+        zstd < snappy && snappy < raw,
+        "zstd {zstd}, snappy {snappy}, raw {raw}"
+    );
+    // Same rows whichever way they were written.
+    assert_eq!(
+        ok(
+            &data,
+            "SELECT count(*) AS n FROM (SELECT * FROM lake.s.zstd EXCEPT ALL \
+             SELECT * FROM lake.s.raw)"
+        ),
+        "n\n0\n"
+    );
+    for (property, value, needle) in [
+        ("write.parquet.compression-codec", "lzo", "use zstd, snappy"),
+        (
+            "write.parquet.compression-level",
+            "99",
+            "zstd takes 1 to 22",
+        ),
+        (
+            "write.parquet.row-group-size-bytes",
+            "big",
+            "positive whole number",
+        ),
+    ] {
+        let e = err(
+            &data,
+            &format!("CREATE TABLE lake.s.bad WITH (\"{property}\" = '{value}') AS SELECT 1 AS x"),
+        );
+        assert!(
+            e.contains("lake.s.bad") && e.contains(property) && e.contains(needle),
+            "{e}"
+        );
+    }
+    let e = err(&data, "SELECT * FROM lake.s.bad");
+    assert!(e.contains("lake.s.bad"), "{e}");
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[test]
 fn killed_before_commit_leaves_the_old_snapshot() {
     let data = scratch_dir("lake-kill");
     ok(

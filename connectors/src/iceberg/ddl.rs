@@ -5,7 +5,7 @@
 
 use std::any::Any;
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -36,6 +36,7 @@ use iceberg::transaction::{AddColumn, ApplyTransactionAction, Transaction};
 use iceberg::{NamespaceIdent, TableCreation, TableIdent};
 
 use super::catalog::{IcebergCatalog, error_text};
+use super::parquet_props::writer_properties;
 use super::table::IcebergTableProvider;
 use super::write::count_schema;
 
@@ -271,6 +272,10 @@ impl IcebergCreateTable {
     /// The table creation request: schema with fresh field ids, partition spec, sort order.
     fn creation(&self) -> Result<TableCreation> {
         let table = self.qualified();
+        // A bad `write.parquet.*` value fails the CREATE, not the first write.
+        let properties: HashMap<String, String> =
+            self.options.properties.clone().into_iter().collect();
+        writer_properties(&table, &properties)?;
         let ctas = self.query.is_some();
         let fields: Vec<Field> = self
             .columns

@@ -10,6 +10,7 @@
 mod catalog;
 mod ddl;
 mod metadata_tables;
+mod parquet_props;
 mod scan;
 mod storage;
 mod table;

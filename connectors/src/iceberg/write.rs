@@ -50,11 +50,10 @@ use iceberg::writer::partitioning::PartitioningWriter;
 use iceberg::writer::partitioning::fanout_writer::FanoutWriter;
 use iceberg::writer::partitioning::unpartitioned_writer::UnpartitionedWriter;
 use iceberg::{Catalog, ErrorKind, TableIdent};
-use parquet::basic::{Compression, ZstdLevel};
-use parquet::file::properties::WriterProperties;
 use serde::{Deserialize, Serialize};
 
 use super::catalog::{IcebergCatalog, error_text};
+use super::parquet_props::writer_properties;
 use super::storage::BasinStorageFactory;
 use super::table::IcebergTableSpec;
 
@@ -338,12 +337,6 @@ impl ExecutionPlan for IcebergWriteExec {
     }
 }
 
-fn writer_properties() -> WriterProperties {
-    WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::default()))
-        .build()
-}
-
 /// Writes one input stream into data files; returns them serialized.
 async fn write_files(
     spec: &WriteSpec,
@@ -366,7 +359,7 @@ async fn write_files(
         .with_props(spec.file_io.clone())
         .build();
     let parquet = ParquetWriterBuilder::new_with_match_mode(
-        writer_properties(),
+        writer_properties(&spec.table, metadata.properties())?,
         schema.clone(),
         FieldMatchMode::Name,
     );
