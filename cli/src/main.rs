@@ -19,6 +19,26 @@ use clap::{Args, Parser, Subcommand};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+// mimalloc's option API (linked in by the `mimalloc` crate's static library).
+unsafe extern "C" {
+    fn mi_option_set(option: std::ffi::c_int, value: std::ffi::c_long);
+}
+
+/// `mi_option_purge_delay` in mimalloc 3's `mi_option_e` (default 1000 ms).
+const MI_OPTION_PURGE_DELAY: std::ffi::c_int = 15;
+
+/// Freed memory stays with the process for the next query instead of going back to the OS
+/// a second later: re-faulting it cost the kernel's page clearing on every query
+/// (TPC-H SF1, 22 queries on a 2-executor cluster: 6.73 s with mimalloc's 1 s delay,
+/// 5.92 s without purging, same run). The peak is unchanged; memory is reused, not grown.
+/// `MIMALLOC_PURGE_DELAY=<ms>` in the environment keeps mimalloc's own behaviour.
+fn keep_freed_memory() {
+    if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+        // SAFETY: plain C calls with an option index of the linked mimalloc version.
+        unsafe { mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+    }
+}
+
 #[derive(Parser)]
 #[command(
     name = "basin",
@@ -167,6 +187,7 @@ struct ExecutorArgs {
 }
 
 fn main() -> ExitCode {
+    keep_freed_memory();
     let cli = Cli::parse();
     // Servers log at info; commands that print results or prompt log only errors.
     let quiet = match &cli.command {
@@ -412,4 +433,20 @@ async fn wait_for_shutdown() -> Result<(), String> {
     tokio::signal::ctrl_c()
         .await
         .map_err(|e| format!("cannot wait for Ctrl-C: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    unsafe extern "C" {
+        fn mi_option_get(option: std::ffi::c_int) -> std::ffi::c_long;
+    }
+
+    #[test]
+    fn the_purge_delay_index_names_that_option_of_the_linked_mimalloc() {
+        // mimalloc 3's purge delay defaults to 1000 ms, which no neighbouring option has.
+        if std::env::var_os("MIMALLOC_PURGE_DELAY").is_none() {
+            // SAFETY: a plain C call.
+            assert_eq!(unsafe { mi_option_get(super::MI_OPTION_PURGE_DELAY) }, 1000);
+        }
+    }
 }
