@@ -3,7 +3,7 @@
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, Mutex};
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
@@ -177,8 +177,32 @@ impl IcebergTableSpec {
         }
     }
 
-    /// Rebuilds an iceberg-rust table (read-only, no catalog) in the current runtime.
+    /// An iceberg-rust table (read-only, no catalog) for the current runtime: the one kept
+    /// from an earlier query of the same metadata file, or a new one.
     pub fn table(&self) -> Result<Table> {
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|e| DataFusionError::Execution(format!("no runtime: {e}")))?
+            .id();
+        let Some(location) = &self.metadata_location else {
+            return self.build_table();
+        };
+        let mut file_io: Vec<(String, String)> = self.file_io.clone().into_iter().collect();
+        file_io.sort();
+        let key = TableKey {
+            runtime,
+            location: location.clone(),
+            file_io,
+        };
+        let mut tables = TABLES.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(table) = tables.get(&key) {
+            return Ok(table.clone());
+        }
+        let table = self.build_table()?;
+        tables.insert(key, table.clone());
+        Ok(table)
+    }
+
+    fn build_table(&self) -> Result<Table> {
         let file_io = FileIOBuilder::new(Arc::new(BasinStorageFactory))
             .with_props(self.file_io.clone())
             .build();
@@ -214,6 +238,66 @@ impl IcebergTableSpec {
             ))
         })?;
         Ok(Arc::new(arrow))
+    }
+}
+
+/// iceberg-rust tables kept between queries. A metadata file never changes, and a table's
+/// object cache keeps the manifest list and manifests it has read: planning the next query of
+/// the same snapshot reads and parses none of them again (Avro parsing was a sixth of the
+/// scheduler's planning CPU). Keyed also by the runtime, on which a table spawns its reads,
+/// and by the FileIO settings, which can change for the same file (vended credentials).
+static TABLES: LazyLock<Mutex<Lru<TableKey, Table>>> =
+    LazyLock::new(|| Mutex::new(Lru::new(CACHED_TABLES)));
+
+/// Each keeps at most iceberg-rust's 32 MiB of manifests.
+const CACHED_TABLES: usize = 16;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct TableKey {
+    runtime: tokio::runtime::Id,
+    location: String,
+    file_io: Vec<(String, String)>,
+}
+
+/// A small map that forgets its least recently used entry past `capacity`.
+#[derive(Debug)]
+struct Lru<K, V> {
+    capacity: usize,
+    clock: u64,
+    entries: HashMap<K, (u64, V)>,
+}
+
+impl<K: Eq + std::hash::Hash + Clone, V> Lru<K, V> {
+    fn new(capacity: usize) -> Self {
+        Self {
+            capacity: capacity.max(1),
+            clock: 0,
+            entries: HashMap::new(),
+        }
+    }
+
+    fn get(&mut self, key: &K) -> Option<&V> {
+        self.clock += 1;
+        let clock = self.clock;
+        self.entries.get_mut(key).map(|(used, value)| {
+            *used = clock;
+            &*value
+        })
+    }
+
+    fn insert(&mut self, key: K, value: V) {
+        self.clock += 1;
+        if !self.entries.contains_key(&key)
+            && self.entries.len() >= self.capacity
+            && let Some(oldest) = self
+                .entries
+                .iter()
+                .min_by_key(|(_, (used, _))| *used)
+                .map(|(k, _)| k.clone())
+        {
+            self.entries.remove(&oldest);
+        }
+        self.entries.insert(key, (self.clock, value));
     }
 }
 
@@ -467,5 +551,25 @@ impl TableProvider for IcebergTableProvider {
             )
             .await?;
         Ok(Arc::new(exec))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Lru;
+
+    #[test]
+    fn the_least_recently_used_entry_goes_first() {
+        let mut lru = Lru::new(2);
+        lru.insert("a", 1);
+        lru.insert("b", 2);
+        assert_eq!(lru.get(&"a"), Some(&1)); // "b" is now the oldest
+        lru.insert("c", 3);
+        assert_eq!(lru.get(&"b"), None);
+        assert_eq!(lru.get(&"a"), Some(&1));
+        assert_eq!(lru.get(&"c"), Some(&3));
+        lru.insert("c", 4); // replacing keeps the others
+        assert_eq!(lru.get(&"a"), Some(&1));
+        assert_eq!(lru.get(&"c"), Some(&4));
     }
 }
