@@ -41,6 +41,11 @@ impl SessionFactory {
         self.cluster.task_slots().await.max(1)
     }
 
+    /// True when sessions plan for the cluster's task slots (no `[server] target_partitions`).
+    pub fn follows_task_slots(&self) -> bool {
+        self.config.server.target_partitions == 0
+    }
+
     /// Cancels the running Ballista jobs named `name`.
     pub async fn cancel_jobs_named(&self, name: &str) {
         self.cluster.cancel_jobs_named(name).await;

@@ -119,6 +119,9 @@ impl BasinFlightSqlService {
             .registry
             .session(&key, || factory.connect(slots))
             .map_err(to_status)?;
+        if self.sessions.follows_task_slots() {
+            session.follow_task_slots(slots);
+        }
         Ok((key, session))
     }
 

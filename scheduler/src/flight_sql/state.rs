@@ -18,13 +18,40 @@ use futures::future::AbortHandle;
 pub struct Session {
     pub ctx: SessionContext,
     last_used: Mutex<Instant>,
+    /// The partition count the session took from the cluster's task slots, while it still
+    /// follows them (`None` once the client `SET` its own).
+    slots: Mutex<Option<usize>>,
 }
 
 impl Session {
     pub fn new(ctx: SessionContext) -> Self {
+        let partitions = ctx.state_ref().read().config().target_partitions();
         Self {
             ctx,
             last_used: Mutex::new(Instant::now()),
+            slots: Mutex::new(Some(partitions)),
+        }
+    }
+
+    /// Plans the session's next queries for `task_slots` partitions: a session opened
+    /// before every executor registered (or before the cluster grew or shrank) would keep
+    /// planning for the executors it saw first. A partition count the client `SET` stays.
+    pub fn follow_task_slots(&self, task_slots: usize) {
+        let Ok(mut slots) = self.slots.lock() else {
+            return;
+        };
+        let Some(taken) = *slots else { return };
+        if taken == task_slots {
+            return;
+        }
+        let state = self.ctx.state_ref();
+        let mut state = state.write();
+        let execution = &mut state.config_mut().options_mut().execution;
+        if execution.target_partitions == taken {
+            execution.target_partitions = task_slots;
+            *slots = Some(task_slots);
+        } else {
+            *slots = None;
         }
     }
 
@@ -163,5 +190,35 @@ impl Registry {
             }
             None => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use datafusion::prelude::{SessionConfig, SessionContext};
+
+    use super::Session;
+
+    fn partitions(session: &Session) -> usize {
+        session.ctx.state_ref().read().config().target_partitions()
+    }
+
+    #[tokio::test]
+    async fn a_session_follows_the_cluster_until_the_client_sets_its_own_partitions() {
+        let session = Session::new(SessionContext::new_with_config(
+            SessionConfig::new().with_target_partitions(1),
+        ));
+        // Opened before the executors registered; they have 4 slots between them.
+        session.follow_task_slots(4);
+        assert_eq!(partitions(&session), 4);
+        session
+            .ctx
+            .sql("SET datafusion.execution.target_partitions = 3")
+            .await
+            .unwrap();
+        session.follow_task_slots(8);
+        assert_eq!(partitions(&session), 3);
+        session.follow_task_slots(4);
+        assert_eq!(partitions(&session), 3);
     }
 }
