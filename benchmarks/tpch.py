@@ -213,6 +213,11 @@ class Basin:
                 if time.time() > deadline:
                     raise
                 time.sleep(0.5)
+        # Executors register within moments of each other; a fresh session after that sees
+        # all their task slots (Basin before 2026-12-03 kept the slots a session saw first).
+        time.sleep(1)
+        self.conn.close()
+        self.conn = fs.connect(f"grpc://127.0.0.1:{flight}", autocommit=True)
 
     def query(self, sql):
         with self.conn.cursor() as cur:
