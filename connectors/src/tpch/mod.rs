@@ -146,8 +146,9 @@ impl TpchTableProvider {
     }
 
     /// Number of generator parts: enough that each holds about `rows_per_partition` rows,
-    /// at least `min_partitions` for tables big enough to be worth splitting.
-    pub fn parts(&self) -> usize {
+    /// at least `min_partitions` (and the query's `target_partitions`) for tables big
+    /// enough to be worth splitting.
+    pub fn parts(&self, target_partitions: usize) -> usize {
         if !self.table.splittable() {
             return 1;
         }
@@ -156,7 +157,12 @@ impl TpchTableProvider {
         // Splitting below ~10k rows costs more than it saves.
         let worth = (rows / 10_000).max(1);
         by_size
-            .max(self.options.min_partitions.min(worth))
+            .max(
+                self.options
+                    .min_partitions
+                    .max(target_partitions)
+                    .min(worth),
+            )
             .clamp(1, 100_000)
     }
 }
@@ -177,15 +183,17 @@ impl TableProvider for TpchTableProvider {
 
     async fn scan(
         &self,
-        _state: &dyn Session,
+        state: &dyn Session,
         projection: Option<&Vec<usize>>,
         _filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        // `min_partitions` is the cluster's slots when the session opened; the query's
+        // target follows executors that joined since.
         let spec = TpchScanSpec {
             table: self.table,
             scale_factor: self.scale_factor,
-            parts: self.parts(),
+            parts: self.parts(state.config().target_partitions()),
             projection: projection.cloned(),
             limit,
         };
@@ -210,4 +218,30 @@ pub fn unknown_schema(name: &str) -> DataFusionError {
     DataFusionError::Plan(format!(
         "tpch has no schema `{name}`: use tiny, sf0_1, sf1, sf10, sf100, sf1000 or sfN"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_follow_the_query_target_and_the_catalog_minimum() {
+        let customer = |min_partitions| {
+            TpchTableProvider::new(
+                TpchTable::Customer,
+                1.0,
+                TpchOptions {
+                    min_partitions,
+                    ..TpchOptions::default()
+                },
+            )
+        };
+        // 150,000 rows: one part by size, split to use the query's partitions.
+        assert_eq!(customer(1).parts(1), 1);
+        assert_eq!(customer(1).parts(4), 4);
+        assert_eq!(customer(2).parts(1), 2);
+        // Too small to be worth splitting.
+        let region = TpchTableProvider::new(TpchTable::Region, 1.0, TpchOptions::default());
+        assert_eq!(region.parts(8), 1);
+    }
 }
