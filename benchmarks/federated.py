@@ -214,6 +214,64 @@ def check_rows(table, reference) -> str | None:
     return tpch.same_answer(tpch.rows_of(table), reference)
 
 
+def paired(basin, duck, pg, pg_url, meta, rounds, lineitem_rows, extract: bool) -> dict:
+    """The acceptance ratios measured in alternating rounds: Basin, then its peer, then the
+    peer first in the next round, so both see the same machine (these 2 cores are shared,
+    and measuring one engine minutes after the other moved a ratio by 25 %). Per pair: every
+    time, the median of the per-round ratios, and the ratio of the medians."""
+    pairs = []
+    if extract:
+        pairs.append(("extract", "duckdb"))
+    pairs.append(("agg", "postgres"))
+    duck.execute(f"ATTACH '{pg_url}' AS pg (TYPE postgres, READ_ONLY)")
+    out = {}
+    try:
+        for m, peer in pairs:
+            sql = meta["sql"][m]
+
+            def run_basin(sql=sql, m=m):
+                start = time.perf_counter()
+                table = basin.query(sql)
+                took = time.perf_counter() - start
+                if m == "extract" and table.num_rows != lineitem_rows:
+                    raise RuntimeError(f"Basin extracted {table.num_rows} rows, not {lineitem_rows}")
+                return took
+
+            if peer == "duckdb":
+                def run_peer(sql=sql):
+                    start = time.perf_counter()
+                    table = arrow(duck.execute(sql))
+                    took = time.perf_counter() - start
+                    if table.num_rows != lineitem_rows:
+                        raise RuntimeError(f"DuckDB extracted {table.num_rows} rows")
+                    return took
+            else:
+                stmt = " ".join(remote_sql(sql.replace("pg.public.", ""), "public.").split()) + ";"
+
+                def run_peer(stmt=stmt):
+                    return pg.timed(stmt, 1)[0]  # after a warm-up in the same session
+
+            run_basin()
+            run_peer()
+            times = {"basin": [], peer: []}
+            for i in range(rounds):
+                order = [("basin", run_basin), (peer, run_peer)]
+                for name, fn in order if i % 2 == 0 else reversed(order):
+                    times[name].append(fn())
+            ratios = [b / p for b, p in zip(times["basin"], times[peer])]
+            out[m] = {"peer": peer, "times": times,
+                      "ratio_median": statistics.median(ratios),
+                      "ratio_of_medians": statistics.median(times["basin"])
+                      / statistics.median(times[peer]),
+                      "ratio_of_best": min(times["basin"]) / min(times[peer])}
+            print(f"paired    {m:8} Basin/{peer} median of round ratios "
+                  f"{out[m]['ratio_median']:.2f} (rounds: "
+                  + ", ".join(f"{r:.2f}" for r in ratios) + ")", flush=True)
+    finally:
+        duck.execute("DETACH pg")
+    return out
+
+
 def report(out: pathlib.Path, sf, results, meta, order):
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"federated-{tpch.sf_name(sf)}"
@@ -248,6 +306,19 @@ def report(out: pathlib.Path, sf, results, meta, order):
                 lines.append(f"| {LABELS[e]} | {v['rows'] / v['min']:,.0f} | {mbs} |")
         lines += ["", "PostgreSQL alone for extraction: `\\copy (SELECT * FROM lineitem) TO /dev/null "
                   "(FORMAT binary)` from psql, one connection (no Arrow conversion)."]
+    pr = meta.get("paired") or {}
+    if pr:
+        lines += ["", f"Paired rounds ({meta.get('paired_rounds')} rounds alternating Basin with "
+                  "its peer, the peer first every other round): seconds per round, median of "
+                  "the per-round ratios.", "",
+                  "| measurement | peer | Basin | peer's | Basin/peer (median of rounds) "
+                  "| ratio of medians | ratio of best |", "|---|---|---|---|---:|---:|---:|"]
+        for m, v in pr.items():
+            fmt = lambda ts: " ".join(f"{t:.3f}" for t in ts)  # noqa: E731
+            lines.append(f"| {meta['descriptions'][m]} | {LABELS[v['peer']]} | "
+                         f"{fmt(v['times']['basin'])} | {fmt(v['times'][v['peer']])} | "
+                         f"**{v['ratio_median']:.2f}** | {v['ratio_of_medians']:.2f} | "
+                         f"{v['ratio_of_best']:.2f} |")
     lines += ["", f"Basin: scheduler + {meta['executors']} executors, {meta.get('basin_binary')}; "
               f"DuckDB {meta.get('duckdb')} threads={meta.get('duckdb_threads')}; "
               "PostgreSQL load (s): " + (str(meta["load_seconds"]) if meta.get("load_seconds") is not None
@@ -275,6 +346,9 @@ def main():
     ap.add_argument("--queries", default="1,3,6", help="TPC-H queries to run federated")
     ap.add_argument("--skip-extract", action="store_true")
     ap.add_argument("--duckdb-threads", type=int, default=None)
+    ap.add_argument("--paired-rounds", type=int, default=5,
+                    help="rounds that alternate Basin with its peer for the two acceptance "
+                         "ratios (extraction vs DuckDB, aggregate vs PostgreSQL); 0 skips them")
     ap.add_argument("--pg-option", action="append", default=[],
                     help='extra TOML line for Basin\'s [catalogs.pg], e.g. "max_splits = 8"')
     ap.add_argument("--basin-setup", action="append", default=[],
@@ -331,6 +405,7 @@ def main():
                 reference[m] = tpch.rows_of(
                     arrow(duck.execute(f"SELECT * FROM postgres_query('pg', '{escaped}')")))
         results: dict[str, dict] = {m: {} for m in work}
+        failures_paired: list[str] = []
 
         def record(m, engine, fn):
             try:
@@ -404,6 +479,15 @@ def main():
                         stats, table = measure(lambda: basin.query(sql), args.runs)
                         return arrow_result(m, table, stats)
                     record(m, label, run_basin)
+                peers = {"postgres"} | ({"duckdb"} if not args.skip_extract else set())
+                if label == "basin" and args.paired_rounds > 0 and peers <= set(engines):
+                    try:
+                        meta["paired"] = paired(basin, duck, pg, pg_url, meta, args.paired_rounds,
+                                                lineitem_rows, not args.skip_extract)
+                        meta["paired_rounds"] = args.paired_rounds
+                    except Exception as e:  # noqa: BLE001
+                        failures_paired.append(f"paired rounds: {type(e).__name__}: {e}")
+                        print(f"paired rounds FAILED: {e}", flush=True)
                 meta["peak_rss_mb"][label] = basin.peak_rss()
             finally:
                 basin.stop()
@@ -427,7 +511,7 @@ def main():
                       "(`bash .ci/services.sh stop` stops it, or pass --stop-services)", flush=True)
 
     failures = [f"{e} {m}: {v.get('error')}" for m, r in results.items() for e, v in r.items()
-                if "min" not in v or not v.get("valid", True)]
+                if "min" not in v or not v.get("valid", True)] + failures_paired
     missing = [f"{e} {m}: no result" for m in work for e in engines if e not in results[m]]
     if failures or missing:
         print("FAILED:", *failures, *missing, sep="\n  ")

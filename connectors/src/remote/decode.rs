@@ -8,7 +8,7 @@ use bytes::{Bytes, BytesMut};
 use datafusion::arrow::array::{
     ArrayBuilder, ArrayRef, BinaryBuilder, BooleanBuilder, Date32Builder, Decimal128Builder,
     Decimal256Builder, Float32Builder, Float64Builder, Int8Builder, Int16Builder, Int32Builder,
-    Int64Builder, IntervalMonthDayNanoBuilder, ListBuilder, StringBuilder,
+    Int64Builder, IntervalMonthDayNanoBuilder, ListBuilder, StringArray, StringBuilder,
     Time64MicrosecondBuilder, TimestampMicrosecondBuilder, UInt8Builder, UInt16Builder,
     UInt32Builder, UInt64Builder,
 };
@@ -241,6 +241,9 @@ enum Builder {
     Float32(Float32Builder),
     Float64(Float64Builder),
     Utf8(StringBuilder),
+    /// A result column of text: values appended as received and checked as UTF-8 once per
+    /// batch (`Columns::finish`), not one by one.
+    Text(BinaryBuilder),
     Binary(BinaryBuilder),
     Date32(Date32Builder),
     Timestamp(TimestampMicrosecondBuilder),
@@ -267,6 +270,7 @@ macro_rules! each_builder {
             Builder::Float32($b) => $e,
             Builder::Float64($b) => $e,
             Builder::Utf8($b) => $e,
+            Builder::Text($b) => $e,
             Builder::Binary($b) => $e,
             Builder::Date32($b) => $e,
             Builder::Timestamp($b) => $e,
@@ -280,6 +284,16 @@ macro_rules! each_builder {
 }
 
 impl Builder {
+    /// The builder of a result column: text columns are `Text`; `bytes` sizes the value
+    /// buffer of text and binary columns.
+    fn column(data_type: &DataType, capacity: usize, bytes: usize) -> Result<Self> {
+        Ok(match data_type {
+            DataType::Utf8 => Self::Text(BinaryBuilder::with_capacity(capacity, bytes)),
+            DataType::Binary => Self::Binary(BinaryBuilder::with_capacity(capacity, bytes)),
+            other => Self::new(other, capacity)?,
+        })
+    }
+
     fn new(data_type: &DataType, capacity: usize) -> Result<Self> {
         Ok(match data_type {
             DataType::Boolean => Self::Boolean(BooleanBuilder::with_capacity(capacity)),
@@ -361,7 +375,12 @@ pub struct Columns {
     schema: SchemaRef,
     builders: Vec<Builder>,
     rows: usize,
+    /// Rows per batch the builders are sized for.
+    capacity: usize,
 }
+
+/// Bytes reserved per text or binary value before a batch has shown how long they are.
+const FIRST_VALUE_BYTES: usize = 16;
 
 impl Columns {
     /// Fails for a column type no source reader produces (the type mapping never asks).
@@ -369,12 +388,13 @@ impl Columns {
         let builders = schema
             .fields()
             .iter()
-            .map(|f| Builder::new(f.data_type(), capacity))
+            .map(|f| Builder::column(f.data_type(), capacity, capacity * FIRST_VALUE_BYTES))
             .collect::<Result<_>>()?;
         Ok(Self {
             schema,
             builders,
             rows: 0,
+            capacity,
         })
     }
 
@@ -393,7 +413,34 @@ impl Columns {
 
     /// Takes the rows collected so far as a batch.
     pub fn finish(&mut self) -> Result<RecordBatch> {
-        let arrays: Vec<ArrayRef> = self.builders.iter_mut().map(|b| b.finish()).collect();
+        let mut arrays: Vec<ArrayRef> = Vec::with_capacity(self.builders.len());
+        for (builder, field) in self.builders.iter_mut().zip(self.schema.fields()) {
+            // A builder gives its buffers away when it finishes and would regrow them value
+            // by value for the next batch (a copy at every doubling): start the next batch
+            // with buffers the size of this one's instead.
+            let (array, bytes): (ArrayRef, usize) = match &mut *builder {
+                Builder::Text(b) => {
+                    let values = b.finish();
+                    let bytes = values.value_data().len();
+                    let text = StringArray::try_from_binary(values).map_err(|e| {
+                        bad(
+                            "text",
+                            format!("column `{}` holds bytes that are not UTF-8: {e}", field.name()),
+                        )
+                    })?;
+                    (Arc::new(text), bytes)
+                }
+                Builder::Binary(b) => {
+                    let values = b.finish();
+                    let bytes = values.value_data().len();
+                    (Arc::new(values), bytes)
+                }
+                other => (other.finish(), 0),
+            };
+            arrays.push(array);
+            let bytes = (bytes + bytes / 8).max(self.capacity * FIRST_VALUE_BYTES);
+            *builder = Builder::column(field.data_type(), self.capacity, bytes)?;
+        }
         // A query may need rows but no columns (`count(*)` over a subquery).
         let options = RecordBatchOptions::new().with_row_count(Some(self.rows));
         self.rows = 0;
@@ -432,7 +479,7 @@ fn push_pg(b: &mut Builder, value: Option<&[u8]>) -> Result<()> {
         Builder::Float32(b) => b.append_value(f32::from_be_bytes(be(v, "float4")?)),
         Builder::Float64(b) => b.append_value(f64::from_be_bytes(be(v, "float8")?)),
         Builder::Utf8(b) => b.append_value(text(v, "text")?),
-        Builder::Binary(b) => b.append_value(v),
+        Builder::Text(b) | Builder::Binary(b) => b.append_value(v),
         Builder::Date32(b) => {
             let d = i32::from_be_bytes(be(v, "date")?);
             // ±infinity are i32::MAX / i32::MIN: no Arrow date can hold them.
@@ -510,7 +557,7 @@ fn push_mysql(b: &mut Builder, value: Option<&[u8]>) -> Result<()> {
         return Ok(());
     };
     match b {
-        Builder::Binary(b) => {
+        Builder::Text(b) | Builder::Binary(b) => {
             b.append_value(v);
             return Ok(());
         }
@@ -549,7 +596,7 @@ fn push_mysql(b: &mut Builder, value: Option<&[u8]>) -> Result<()> {
         Builder::Time64(b) => b.append_value(parse_time(t)?),
         Builder::Decimal128(b, s) => b.append_option(parse_decimal_i128(t, *s)?),
         Builder::Decimal256(b, s) => b.append_option(parse_decimal(t, *s)?),
-        Builder::Binary(_) | Builder::Interval(_) | Builder::List(_) => {
+        Builder::Text(_) | Builder::Binary(_) | Builder::Interval(_) | Builder::List(_) => {
             return Err(DataFusionError::Internal(
                 "MySQL values are not read as intervals or lists".into(),
             ));
@@ -830,5 +877,55 @@ mod tests {
         let batch = columns.finish().unwrap();
         assert_eq!(batch.num_rows(), 2);
         assert_eq!(batch.column(1).null_count(), 1);
+    }
+
+    #[test]
+    fn batches_after_the_first_read_the_same_and_text_is_checked_once_per_batch() {
+        use datafusion::arrow::array::{Array, BinaryArray, ListArray};
+        use datafusion::arrow::datatypes::{Field, Schema};
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("name", DataType::Utf8, true),
+            Field::new("raw", DataType::Binary, true),
+            Field::new(
+                "tags",
+                DataType::List(Arc::new(Field::new_list_field(DataType::Utf8, true))),
+                true,
+            ),
+        ]));
+        // A text[] of one element: ndim 1, no nulls, text oid, (1 element, lower bound 1).
+        let array = |s: &str| {
+            let mut v = Vec::new();
+            for w in [1i32, 0, 25, 1, 1, s.len() as i32] {
+                v.extend_from_slice(&w.to_be_bytes());
+            }
+            v.extend_from_slice(s.as_bytes());
+            v
+        };
+        let mut columns = Columns::new(schema.clone(), 2).unwrap();
+        for batch in 0..3 {
+            for row in 0..2 {
+                // Values grow past the first batch's buffers.
+                let text = format!("é{}", "x".repeat(batch * 40 + row));
+                columns.push_pg(0, Some(text.as_bytes())).unwrap();
+                columns.push_pg(1, Some(&[batch as u8, 0, 255])).unwrap();
+                columns.push_pg(2, Some(&array(&text))).unwrap();
+                columns.end_row();
+            }
+            let out = columns.finish().unwrap();
+            assert_eq!(out.schema(), schema);
+            let names = out.column(0).as_any().downcast_ref::<StringArray>().unwrap();
+            assert_eq!(names.value(1), format!("é{}", "x".repeat(batch * 40 + 1)));
+            let raw = out.column(1).as_any().downcast_ref::<BinaryArray>().unwrap();
+            assert_eq!(raw.value(0), &[batch as u8, 0, 255]);
+            let tags = out.column(2).as_any().downcast_ref::<ListArray>().unwrap();
+            assert_eq!(tags.value(1).len(), 1);
+        }
+        // Bytes that are not UTF-8 fail the batch, naming the column.
+        columns.push_pg(0, Some(&[b'a', 0xff])).unwrap();
+        columns.push_pg(1, None).unwrap();
+        columns.push_pg(2, None).unwrap();
+        columns.end_row();
+        let err = columns.finish().unwrap_err().to_string();
+        assert!(err.contains("column `name`") && err.contains("UTF-8"), "{err}");
     }
 }
