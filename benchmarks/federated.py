@@ -23,6 +23,9 @@ Steps:
    Basin: `basin scheduler` + N `basin executor` with a basin.toml holding [catalogs.pg].
    Basin's and DuckDB's answers are checked against PostgreSQL's (run through
    postgres_query(), i.e. computed by PostgreSQL); extract is checked by row and column count.
+4. Paired rounds (--paired-rounds, default 5): the two acceptance ratios again, Basin
+   alternating with its peer round by round (extract vs DuckDB, agg vs PostgreSQL), the
+   peer first every other round; the median of the per-round ratios is the figure to quote.
 Writes federated-sfN.json and federated-sfN.md into --out and prints the table.
 """
 
