@@ -425,7 +425,10 @@ impl Columns {
                     let text = StringArray::try_from_binary(values).map_err(|e| {
                         bad(
                             "text",
-                            format!("column `{}` holds bytes that are not UTF-8: {e}", field.name()),
+                            format!(
+                                "column `{}` holds bytes that are not UTF-8: {e}",
+                                field.name()
+                            ),
                         )
                     })?;
                     (Arc::new(text), bytes)
@@ -913,9 +916,17 @@ mod tests {
             }
             let out = columns.finish().unwrap();
             assert_eq!(out.schema(), schema);
-            let names = out.column(0).as_any().downcast_ref::<StringArray>().unwrap();
+            let names = out
+                .column(0)
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .unwrap();
             assert_eq!(names.value(1), format!("é{}", "x".repeat(batch * 40 + 1)));
-            let raw = out.column(1).as_any().downcast_ref::<BinaryArray>().unwrap();
+            let raw = out
+                .column(1)
+                .as_any()
+                .downcast_ref::<BinaryArray>()
+                .unwrap();
             assert_eq!(raw.value(0), &[batch as u8, 0, 255]);
             let tags = out.column(2).as_any().downcast_ref::<ListArray>().unwrap();
             assert_eq!(tags.value(1).len(), 1);
@@ -926,6 +937,9 @@ mod tests {
         columns.push_pg(2, None).unwrap();
         columns.end_row();
         let err = columns.finish().unwrap_err().to_string();
-        assert!(err.contains("column `name`") && err.contains("UTF-8"), "{err}");
+        assert!(
+            err.contains("column `name`") && err.contains("UTF-8"),
+            "{err}"
+        );
     }
 }
