@@ -137,16 +137,23 @@ def load_postgres(pg: Postgres, duck, files, sf: float) -> float | None:
         print("PostgreSQL tables cached (comment and row counts match)", flush=True)
         return None
     start = time.perf_counter()
+    # Drop before DuckDB attaches: tables dropped behind an attached DuckDB's back (another
+    # scale factor's, say) were recreated empty, all but the first.
+    for t in todo:
+        pg.psql(f"DROP TABLE IF EXISTS public.{t}")
     duck.execute(f"ATTACH '{pg.url}' AS pgload (TYPE postgres)")
     try:
         for t in todo:
             print(f"loading {t} into PostgreSQL", flush=True)
-            pg.psql(f"DROP TABLE IF EXISTS public.{t}")
             duck.execute(f"CREATE TABLE pgload.public.{t} AS "
                          f"SELECT * FROM read_parquet('{files[t].as_posix()}')")
-            pg.psql(f"COMMENT ON TABLE public.{t} IS '{marker}'")
     finally:
         duck.execute("DETACH pgload")
+    for t in todo:
+        got, want = int(pg.psql(f"SELECT count(*) FROM public.{t}")[0][0]), parquet_rows(files[t])
+        if got != want:
+            sys.exit(f"loading {t} into PostgreSQL left {got} rows, not {want}")
+        pg.psql(f"COMMENT ON TABLE public.{t} IS '{marker}'")
     pg.psql("VACUUM (ANALYZE) " + ", ".join(f"public.{t}" for t in todo))
     return time.perf_counter() - start
 
