@@ -126,11 +126,11 @@ def load_postgres(pg: Postgres, duck, files, sf: float) -> float | None:
     load time in seconds, or None when every table was cached."""
     marker = f"basin federated benchmark: TPC-H SF {sf:g}"
     todo = []
+    want = {t: parquet_rows(files[t]) for t in TABLES}
     for t in TABLES:
-        want = parquet_rows(files[t])
         found = pg.psql(f"SELECT obj_description(to_regclass('public.{t}'), 'pg_class')")
         if found and found[0] and found[0][0] == marker:
-            if int(pg.psql(f"SELECT count(*) FROM public.{t}")[0][0]) == want:
+            if int(pg.psql(f"SELECT count(*) FROM public.{t}")[0][0]) == want[t]:
                 continue
         todo.append(t)
     if not todo:
@@ -150,9 +150,9 @@ def load_postgres(pg: Postgres, duck, files, sf: float) -> float | None:
     finally:
         duck.execute("DETACH pgload")
     for t in todo:
-        got, want = int(pg.psql(f"SELECT count(*) FROM public.{t}")[0][0]), parquet_rows(files[t])
-        if got != want:
-            sys.exit(f"loading {t} into PostgreSQL left {got} rows, not {want}")
+        got = int(pg.psql(f"SELECT count(*) FROM public.{t}")[0][0])
+        if got != want[t]:
+            sys.exit(f"loading {t} into PostgreSQL left {got} rows, not {want[t]}")
         pg.psql(f"COMMENT ON TABLE public.{t} IS '{marker}'")
     pg.psql("VACUUM (ANALYZE) " + ", ".join(f"public.{t}" for t in todo))
     return time.perf_counter() - start
@@ -187,6 +187,11 @@ def arrow(result):
 def remote_sql(sql: str, prefix: str) -> str:
     """References TPC-H tables as `<prefix><table>`."""
     return re.sub(r"\b(" + "|".join(TABLES) + r")\b", lambda m: prefix + m.group(1), sql)
+
+
+def pg_statement(sql: str) -> str:
+    """A query over bare TPC-H table names as one psql line over `public`."""
+    return " ".join(remote_sql(sql, "public.").split()) + ";"
 
 
 # ---------------------------------------------------------------- Basin
@@ -256,7 +261,7 @@ def paired(basin, duck, pg, pg_url, meta, rounds, lineitem_rows, extract: bool) 
                         raise RuntimeError(f"DuckDB extracted {table.num_rows} rows")
                     return took
             else:
-                stmt = " ".join(remote_sql(sql.replace("pg.public.", ""), "public.").split()) + ";"
+                stmt = pg_statement(sql.replace("pg.public.", ""))
 
                 def run_peer(stmt=stmt):
                     return pg.timed(stmt, 1)[0]  # after a warm-up in the same session
@@ -446,7 +451,7 @@ def main():
                     stmt = f"\\copy ({local}) TO '/dev/null' WITH (FORMAT binary)"
                     rows = lineitem_rows
                 else:
-                    stmt = " ".join(local.split()) + ";"
+                    stmt = pg_statement(sql)
                     rows = len(reference[m])
                 def run_pg(stmt=stmt, rows=rows):
                     times = pg.timed(stmt, args.runs)

@@ -418,11 +418,13 @@ impl Columns {
             // A builder gives its buffers away when it finishes and would regrow them value
             // by value for the next batch (a copy at every doubling): start the next batch
             // with buffers the size of this one's instead.
-            let (array, bytes): (ArrayRef, usize) = match &mut *builder {
+            let bytes = match &*builder {
+                Builder::Text(b) | Builder::Binary(b) => b.values_slice().len(),
+                _ => 0,
+            };
+            let array: ArrayRef = match &mut *builder {
                 Builder::Text(b) => {
-                    let values = b.finish();
-                    let bytes = values.value_data().len();
-                    let text = StringArray::try_from_binary(values).map_err(|e| {
+                    Arc::new(StringArray::try_from_binary(b.finish()).map_err(|e| {
                         bad(
                             "text",
                             format!(
@@ -430,15 +432,9 @@ impl Columns {
                                 field.name()
                             ),
                         )
-                    })?;
-                    (Arc::new(text), bytes)
+                    })?)
                 }
-                Builder::Binary(b) => {
-                    let values = b.finish();
-                    let bytes = values.value_data().len();
-                    (Arc::new(values), bytes)
-                }
-                other => (other.finish(), 0),
+                other => other.finish(),
             };
             arrays.push(array);
             let bytes = (bytes + bytes / 8).max(self.capacity * FIRST_VALUE_BYTES);
