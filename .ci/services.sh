@@ -434,6 +434,11 @@ pg_start() {
   fi
   "${as[@]}" "$bin/initdb" -D "$run/data" -U basin --auth=trust -E UTF8 --locale=C.UTF-8 >"$run/initdb.log" 2>&1 ||
     die "initdb failed (log: $run/initdb.log)"
+  # Everyone is trusted but three roles that must log in with a password (cleartext, MD5,
+  # SCRAM-SHA-256): the tests of how Basin authenticates its own COPY sessions.
+  "${as[@]}" sh -c "{ printf '%s\n' 'host all basin_plain 127.0.0.1/32 password' \
+    'host all basin_md5 127.0.0.1/32 md5' 'host all basin_scram 127.0.0.1/32 scram-sha-256'; \
+    cat '$run/data/pg_hba.conf'; } >'$run/data/pg_hba.new' && mv '$run/data/pg_hba.new' '$run/data/pg_hba.conf'"
   port="$(free_port)"
   setsid "${as[@]}" "$bin/postgres" -D "$run/data" -p "$port" -k "$run" \
     -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off \

@@ -913,6 +913,102 @@ fn cross_source_join_runs_on_the_executors() {
 }
 
 #[test]
+fn splits_log_in_with_cleartext_md5_and_scram_passwords() {
+    let Some(f) = Fixture::new("logins") else {
+        return;
+    };
+    let n = &f.name;
+    // Several ctid splits (split_size_bytes = 1 MiB): one snapshot, sessions of their own.
+    f.pg(
+        "CREATE TABLE t AS SELECT g AS id, repeat(chr(65 + g % 26), g % 64) AS s \
+         FROM generate_series(1, 60000) g; ANALYZE t",
+    );
+    let expected = f.pg("SELECT count(*), sum(id), sum(length(s)) FROM t");
+    let expected = expected.trim().replace('|', ",");
+    let trusted = std::fs::read_to_string(&f.config).unwrap();
+    let sql = format!("SELECT count(*), sum(id), sum(length(s)) FROM (SELECT * FROM pg.{n}.t)");
+    // The splits of a second query reuse the first one's sessions: the same server processes.
+    let (out, sent) = f.traced(&f.s.pg_log, &format!("{sql}; {sql}"));
+    assert_eq!(out.matches(expected.as_str()).count(), 2, "{out}");
+    let pids: Vec<&str> = sent
+        .lines()
+        .filter(|l| l.contains("COPY"))
+        .filter_map(|l| l.split('[').nth(1)?.split(']').next())
+        .collect();
+    let (first, second) = pids.split_at(pids.len() / 2);
+    assert!(first.len() >= 2 && first.len() == second.len(), "{sent}");
+    assert!(second.iter().all(|p| first.contains(p)), "{sent}");
+    std::fs::write(&f.config, trusted).unwrap();
+    let password = "p@ss w0rd:/%'#";
+    let (_, host) = f.s.pg_url.split_once('@').expect("user@host in the URL");
+    // (role, how the server stores its password, password in the URL or in `password`)
+    let logins = [
+        ("basin_plain", "scram-sha-256", false),
+        ("basin_md5", "md5", true),
+        ("basin_scram", "scram-sha-256", false),
+        ("basin_scram", "scram-sha-256", true),
+    ];
+    for (role, stored, in_url) in logins {
+        psql(
+            &f.s.pg_url,
+            &format!(
+                "SET password_encryption = '{stored}'; \
+                 DO $$ BEGIN CREATE ROLE {role} LOGIN; \
+                 EXCEPTION WHEN duplicate_object THEN NULL; END $$; \
+                 ALTER ROLE {role} PASSWORD '{}'; GRANT USAGE ON SCHEMA {n} TO {role}; \
+                 GRANT SELECT ON {n}.t TO {role}",
+                password.replace('\'', "''")
+            ),
+        );
+        let url = if in_url {
+            let encoded: String = password
+                .bytes()
+                .map(|b| match b {
+                    b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' => (b as char).to_string(),
+                    _ => format!("%{b:02X}"),
+                })
+                .collect();
+            format!("postgres://{role}:{encoded}@{host}")
+        } else {
+            format!("postgres://{role}@{host}\"\npassword = \"{password}")
+        };
+        let config = format!(
+            "[catalogs.pg]\nconnector = \"postgres\"\nurl = \"{url}\"\ntls = \"prefer\"\n\
+             split_size_bytes = 1048576\nmax_splits = 4\n"
+        );
+        std::fs::write(&f.config, &config).unwrap();
+        let (out, sent) = f.traced(&f.s.pg_log, &sql);
+        assert_eq!(out.lines().nth(1), Some(expected.as_str()), "{role}: {out}");
+        // The splits ran in sessions of their own: the snapshot and the COPY in one query.
+        let copies: Vec<&str> = sent.lines().filter(|l| l.contains("COPY")).collect();
+        assert!(
+            copies.len() >= 2,
+            "{role}: expected several splits:\n{sent}"
+        );
+        assert!(
+            copies
+                .iter()
+                .all(|l| l.contains("SET TRANSACTION SNAPSHOT")),
+            "{role}: splits did not read over their own sessions:\n{sent}"
+        );
+        // A wrong password is the server's refusal, naming the source, never the password.
+        std::fs::write(&f.config, config.replace("w0rd", "nope")).unwrap();
+        let out = f.run(&sql);
+        let e = stderr(&out);
+        assert!(
+            !out.status.success(),
+            "{role}: a wrong password was accepted"
+        );
+        assert!(
+            e.contains("source `pg`")
+                && e.contains(&format!("authentication failed for user \"{role}\"")),
+            "{role}: {e}"
+        );
+        assert!(!e.contains("nope") && !e.contains("p%40ss"), "{role}: {e}");
+    }
+}
+
+#[test]
 fn unreachable_source_and_unknown_table_are_clear_errors() {
     let dir = scratch_dir("unreachable");
     let config = dir.join("basin.toml");
@@ -931,7 +1027,11 @@ fn unreachable_source_and_unknown_table_are_clear_errors() {
         .unwrap();
     assert!(!out.status.success());
     let e = stderr(&out);
-    assert!(e.contains("pg") && !e.contains("sekrit"), "{e}");
+    // The connection's failure, not "table not found"; never the password.
+    assert!(
+        e.contains("source `pg`") && e.contains("127.0.0.1:1") && !e.contains("sekrit"),
+        "{e}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

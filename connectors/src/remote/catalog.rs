@@ -70,17 +70,26 @@ impl CatalogProvider for RemoteCatalogProvider {
     }
 
     fn schema(&self, name: &str) -> Option<Arc<dyn SchemaProvider>> {
-        match self.schema_list() {
-            Ok(names) if names.iter().any(|n| n == name) => Some(Arc::new(RemoteSchemaProvider {
+        let provider = |failed: Option<String>| {
+            Some(Arc::new(RemoteSchemaProvider {
                 source: self.source.clone(),
                 schema: name.to_string(),
                 tables: Mutex::new(None),
                 columns: Mutex::new(HashMap::new()),
-            })),
+                failed,
+            }) as Arc<dyn SchemaProvider>)
+        };
+        match self.schema_list() {
+            Ok(names) if names.iter().any(|n| n == name) => provider(None),
             Ok(_) => None,
             Err(e) => {
+                // This call cannot fail: the table lookup that follows says what went wrong
+                // (a refused login, say) instead of "table not found".
                 tracing::warn!(source = %self.source.name, "cannot list schemas: {e}");
-                None
+                provider(Some(match e {
+                    DataFusionError::External(e) => e.to_string(),
+                    other => other.to_string(),
+                }))
             }
         }
     }
@@ -93,6 +102,8 @@ pub struct RemoteSchemaProvider {
     schema: String,
     tables: Cached<Vec<String>>,
     columns: Mutex<HashMap<String, (Instant, Arc<RemoteTable>)>>,
+    /// Why the source could not list its schemas: what a table lookup answers.
+    failed: Option<String>,
 }
 
 impl RemoteSchemaProvider {
@@ -129,6 +140,9 @@ impl SchemaProvider for RemoteSchemaProvider {
     }
 
     async fn table(&self, name: &str) -> Result<Option<Arc<dyn TableProvider>>> {
+        if let Some(e) = &self.failed {
+            return Err(DataFusionError::External(e.clone().into()));
+        }
         if let Ok(guard) = self.columns.lock()
             && let Some((at, table)) = guard.get(name)
             && at.elapsed() < self.source.metadata_ttl()

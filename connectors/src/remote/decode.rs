@@ -677,74 +677,127 @@ impl CopyParser {
     /// Decodes every complete row buffered so far into `columns`, stopping early once
     /// `columns` holds `max_rows`.
     pub fn parse(&mut self, columns: &mut Columns, max_rows: usize) -> Result<()> {
-        if !self.header_done {
-            if self.buf.bytes().len() < self.pos + 19 {
-                return Ok(());
-            }
-            let head = &self.buf.bytes()[self.pos..];
-            if &head[..11] != COPY_SIGNATURE {
-                return Err(bad("COPY", "missing binary COPY signature"));
-            }
-            let ext = u32::from_be_bytes(head[15..19].try_into().expect("4 bytes")) as usize;
-            if self.buf.bytes().len() < self.pos + 19 + ext {
-                return Ok(());
-            }
-            self.pos += 19 + ext;
-            self.header_done = true;
-        }
-        let width = columns.width();
-        while !self.done && columns.rows() < max_rows {
-            let buf = self.buf.bytes();
-            let row = &buf[self.pos..];
-            if row.len() < 2 {
-                return Ok(());
-            }
-            let fields = i16::from_be_bytes([row[0], row[1]]);
-            if fields == -1 {
-                self.done = true;
-                return Ok(());
-            }
-            if fields as usize != width {
-                return Err(bad(
-                    "COPY",
-                    format!("row has {fields} fields, expected {width}"),
-                ));
-            }
-            // Find the row's end first, so a row is decoded only when it is complete.
-            let mut at = 2;
-            let mut complete = true;
-            for _ in 0..width {
-                let Some(len) = row.get(at..at + 4) else {
-                    complete = false;
-                    break;
-                };
-                let len = i32::from_be_bytes(len.try_into().expect("4 bytes"));
-                at += 4 + len.max(0) as usize;
-                if at > row.len() {
-                    complete = false;
-                    break;
-                }
-            }
-            if !complete {
-                return Ok(());
-            }
-            let mut at = self.pos + 2;
-            for i in 0..width {
-                let len = i32::from_be_bytes(buf[at..at + 4].try_into().expect("4 bytes"));
-                at += 4;
-                if len < 0 {
-                    columns.push_pg(i, None)?;
-                } else {
-                    let end = at + len as usize;
-                    columns.push_pg(i, Some(&buf[at..end]))?;
-                    at = end;
-                }
-            }
-            columns.end_row();
-            self.pos = at;
-        }
-        Ok(())
+        let buf = match &self.buf {
+            Unparsed::Chunk(b) => &b[..],
+            Unparsed::Joined(b) => &b[..],
+        };
+        parse_rows(
+            buf,
+            &mut self.pos,
+            &mut self.header_done,
+            &mut self.done,
+            columns,
+            max_rows,
+        )
     }
+
+    /// Decodes the complete rows of `chunk`, the next bytes of the stream, where they lie,
+    /// stopping early once `columns` holds `max_rows`; returns how many bytes of `chunk` it
+    /// took. Bytes it did not take go to [`CopyParser::keep`] before the next chunk. While
+    /// an earlier row is incomplete, `chunk` is copied behind it and taken whole.
+    pub fn parse_slice(
+        &mut self,
+        chunk: &[u8],
+        columns: &mut Columns,
+        max_rows: usize,
+    ) -> Result<usize> {
+        if self.pos < self.buf.bytes().len() {
+            self.feed(Bytes::copy_from_slice(chunk));
+            self.parse(columns, max_rows)?;
+            return Ok(chunk.len());
+        }
+        let mut pos = 0;
+        parse_rows(
+            chunk,
+            &mut pos,
+            &mut self.header_done,
+            &mut self.done,
+            columns,
+            max_rows,
+        )?;
+        Ok(pos)
+    }
+
+    /// Keeps the bytes of a chunk that [`CopyParser::parse_slice`] did not take (the start
+    /// of a row that continues in the next chunk).
+    pub fn keep(&mut self, rest: &[u8]) {
+        if !rest.is_empty() {
+            self.feed(Bytes::copy_from_slice(rest));
+        }
+    }
+}
+
+/// Decodes the complete rows of `buf` from `*pos` on (the stream's header first, once),
+/// stopping at an incomplete row, at the trailer (`done`), or when `columns` holds
+/// `max_rows`.
+fn parse_rows(
+    buf: &[u8],
+    pos: &mut usize,
+    header_done: &mut bool,
+    done: &mut bool,
+    columns: &mut Columns,
+    max_rows: usize,
+) -> Result<()> {
+    if !*header_done {
+        if buf.len() < *pos + 19 {
+            return Ok(());
+        }
+        let head = &buf[*pos..];
+        if &head[..11] != COPY_SIGNATURE {
+            return Err(bad("COPY", "missing binary COPY signature"));
+        }
+        let ext = u32::from_be_bytes(head[15..19].try_into().expect("4 bytes")) as usize;
+        if buf.len() < *pos + 19 + ext {
+            return Ok(());
+        }
+        *pos += 19 + ext;
+        *header_done = true;
+    }
+    let width = columns.width();
+    while !*done && columns.rows() < max_rows {
+        let row = &buf[*pos..];
+        if row.len() < 2 {
+            return Ok(());
+        }
+        let fields = i16::from_be_bytes([row[0], row[1]]);
+        if fields == -1 {
+            *done = true;
+            return Ok(());
+        }
+        if fields as usize != width {
+            return Err(bad(
+                "COPY",
+                format!("row has {fields} fields, expected {width}"),
+            ));
+        }
+        // Find the row's end first, so a row is decoded only when it is complete.
+        let mut at = 2;
+        for _ in 0..width {
+            let Some(len) = row.get(at..at + 4) else {
+                return Ok(());
+            };
+            let len = i32::from_be_bytes(len.try_into().expect("4 bytes"));
+            at += 4 + len.max(0) as usize;
+            if at > row.len() {
+                return Ok(());
+            }
+        }
+        let mut at = *pos + 2;
+        for i in 0..width {
+            let len = i32::from_be_bytes(buf[at..at + 4].try_into().expect("4 bytes"));
+            at += 4;
+            if len < 0 {
+                columns.push_pg(i, None)?;
+            } else {
+                let end = at + len as usize;
+                columns.push_pg(i, Some(&buf[at..end]))?;
+                at = end;
+            }
+        }
+        columns.end_row();
+        *pos = at;
+    }
+    Ok(())
 }
 
 /// A schema's columns made nullable: sources do not promise what Basin's plan assumed.
@@ -867,7 +920,7 @@ mod tests {
         }
         stream.extend_from_slice(&(-1i16).to_be_bytes());
         let mut parser = CopyParser::new();
-        let mut columns = Columns::new(schema, 8).unwrap();
+        let mut columns = Columns::new(schema.clone(), 8).unwrap();
         for chunk in stream.chunks(3) {
             parser.feed(Bytes::copy_from_slice(chunk));
             parser.parse(&mut columns, 100).unwrap();
@@ -876,6 +929,35 @@ mod tests {
         let batch = columns.finish().unwrap();
         assert_eq!(batch.num_rows(), 2);
         assert_eq!(batch.column(1).null_count(), 1);
+
+        // Borrowed chunks of every size, batches of one row: the same rows, in order.
+        use datafusion::arrow::array::{Array, Int32Array};
+        for size in 1..=stream.len() {
+            let mut parser = CopyParser::new();
+            let mut columns = Columns::new(schema.clone(), 1).unwrap();
+            let mut batches = vec![];
+            for chunk in stream.chunks(size) {
+                let mut at = 0;
+                loop {
+                    at += parser.parse_slice(&chunk[at..], &mut columns, 1).unwrap();
+                    if columns.rows() < 1 {
+                        break;
+                    }
+                    batches.push(columns.finish().unwrap());
+                }
+                parser.keep(&chunk[at..]);
+            }
+            assert!(parser.done, "chunks of {size}");
+            let ids: Vec<i32> = batches
+                .iter()
+                .map(|b| {
+                    let ids = b.column(0).as_any().downcast_ref::<Int32Array>().unwrap();
+                    ids.value(0)
+                })
+                .collect();
+            assert_eq!(ids, [1, 2], "chunks of {size}");
+            assert!(batches[1].column(1).is_null(0), "chunks of {size}");
+        }
     }
 
     #[test]

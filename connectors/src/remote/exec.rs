@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::{Executor, Row};
 
 use super::decode::{Columns, CopyParser};
+use super::pgwire;
 use super::source::{Dialect, Pool, RemoteSource, runtime, source};
 use super::sql::{quote_ident, quote_literal};
 use super::types::postgres_wire_type;
@@ -360,6 +361,23 @@ fn run_postgres<'a>(
             p = source.permits.clone().acquire_owned() => p.map_err(|e| source.error("closed", e))?,
             _ = tx.closed() => return Ok(()),
         };
+        if let Some(id) = &snapshot
+            && !id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
+        {
+            return Err(DataFusionError::Internal(format!(
+                "bad PostgreSQL snapshot id {id:?}"
+            )));
+        }
+        if let Some(target) = source.copy_target() {
+            match copy_own_session(
+                source, target, statement, &snapshot, &schema, batch_size, tx,
+            )
+            .await?
+            {
+                Read::Done => return Ok(()),
+                Read::Unsupported(why) => source.copy_through_pool(why),
+            }
+        }
         let mut conn = pool
             .acquire()
             .await
@@ -405,18 +423,14 @@ fn run_postgres<'a>(
                             if columns.rows() < batch_size {
                                 break;
                             }
-                            let batch = columns.finish().map_err(Stop::Failed)?;
-                            tx.send(Ok(batch)).await.map_err(|_| Stop::Cancelled)?;
+                            flush(&mut columns, tx).await?;
                         }
                     }
                     Some(Err(e)) => return Err(Stop::Failed(source.error("query failed", e))),
                     None => break,
                 }
             }
-            if columns.rows() > 0 {
-                let batch = columns.finish().map_err(Stop::Failed)?;
-                tx.send(Ok(batch)).await.map_err(|_| Stop::Cancelled)?;
-            }
+            flush(&mut columns, tx).await?;
             Ok(())
         }
         .await;
@@ -444,6 +458,132 @@ fn run_postgres<'a>(
             }
         }
     })
+}
+
+/// Sends the rows `columns` hold as one batch (nothing when they hold none).
+async fn flush(
+    columns: &mut Columns,
+    tx: &tokio::sync::mpsc::Sender<Result<RecordBatch>>,
+) -> std::result::Result<(), Stop> {
+    if columns.rows() > 0 {
+        let batch = columns.finish().map_err(Stop::Failed)?;
+        tx.send(Ok(batch)).await.map_err(|_| Stop::Cancelled)?;
+    }
+    Ok(())
+}
+
+/// How [`copy_own_session`] ended.
+enum Read {
+    Done,
+    /// The session needs what [`pgwire`] does not speak: read through the pool.
+    Unsupported(&'static str),
+}
+
+/// Reads a PostgreSQL split over a session of its own ([`pgwire`]): the COPY stream's frames
+/// are parsed where the socket reads put them.
+async fn copy_own_session(
+    source: &Arc<RemoteSource>,
+    target: &pgwire::Target,
+    statement: &str,
+    snapshot: &Option<String>,
+    schema: &SchemaRef,
+    batch_size: usize,
+    tx: &tokio::sync::mpsc::Sender<Result<RecordBatch>>,
+) -> Result<Read> {
+    let sql = match snapshot {
+        Some(id) => format!(
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{id}'; \
+             {statement}; COMMIT"
+        ),
+        None => statement.to_string(),
+    };
+    // An idle session of an earlier split, else a new one. A kept session that the server
+    // closed meanwhile fails to start: the next kept one, or a new one, takes over.
+    let mut conn = loop {
+        let (mut conn, kept) = match source.take_copy_session() {
+            Some(conn) => (conn, true),
+            None => {
+                let connected = tokio::select! {
+                    c = pgwire::CopyConn::connect(target) => c,
+                    _ = tx.closed() => return Ok(Read::Done),
+                };
+                match connected.map_err(|e| source.error("cannot connect", e))? {
+                    pgwire::Connected::Ready(conn) => (conn, false),
+                    pgwire::Connected::Unsupported(why) => return Ok(Read::Unsupported(why)),
+                }
+            }
+        };
+        let started = tokio::select! {
+            r = conn.start_copy(&sql) => r,
+            _ = tx.closed() => {
+                conn.cancel().await;
+                return Ok(Read::Done);
+            }
+        };
+        match started {
+            Ok(()) => break conn,
+            Err(pgwire::WireError::Io(e)) if kept => {
+                tracing::debug!(source = %source.name, "a kept COPY session is gone: {e}");
+            }
+            Err(e) => {
+                conn.cancel().await;
+                return Err(source.error("query failed", e));
+            }
+        }
+    };
+    let failed = |e: pgwire::WireError| Stop::Failed(source.error("query failed", e));
+    let outcome: std::result::Result<(), Stop> = async {
+        let mut parser = CopyParser::new();
+        let mut columns = Columns::new(schema.clone(), batch_size).map_err(Stop::Failed)?;
+        let closed = tx.closed();
+        tokio::pin!(closed);
+        loop {
+            match conn.next_frame().map_err(failed)? {
+                pgwire::Frame::Data => {
+                    let data = conn.data();
+                    let mut at = 0;
+                    loop {
+                        at += parser
+                            .parse_slice(&data[at..], &mut columns, batch_size)
+                            .map_err(Stop::Failed)?;
+                        if columns.rows() < batch_size {
+                            break;
+                        }
+                        flush(&mut columns, tx).await?;
+                    }
+                    parser.keep(&data[at..]);
+                }
+                pgwire::Frame::NeedMore => tokio::select! {
+                    biased;
+                    r = conn.read_more() => r.map_err(failed)?,
+                    _ = &mut closed => return Err(Stop::Cancelled),
+                },
+                pgwire::Frame::Done => break,
+            }
+        }
+        if !parser.done {
+            return Err(Stop::Failed(
+                source.error("query failed", "the COPY stream ended before its trailer"),
+            ));
+        }
+        flush(&mut columns, tx).await?;
+        Ok(())
+    }
+    .await;
+    match outcome {
+        Ok(()) => {
+            source.keep_copy_session(conn);
+            Ok(Read::Done)
+        }
+        Err(stop) => {
+            // Whatever still runs for this session stops: the query, then the session.
+            conn.cancel().await;
+            match stop {
+                Stop::Cancelled => Ok(Read::Done),
+                Stop::Failed(e) => Err(e),
+            }
+        }
+    }
 }
 
 fn run_mysql<'a>(
@@ -497,18 +637,14 @@ fn run_mysql<'a>(
                         }
                         columns.end_row();
                         if columns.rows() >= batch_size {
-                            let batch = columns.finish().map_err(Stop::Failed)?;
-                            tx.send(Ok(batch)).await.map_err(|_| Stop::Cancelled)?;
+                            flush(&mut columns, tx).await?;
                         }
                     }
                     Some(Err(e)) => return Err(Stop::Failed(source.error("query failed", e))),
                     None => break,
                 }
             }
-            if columns.rows() > 0 {
-                let batch = columns.finish().map_err(Stop::Failed)?;
-                tx.send(Ok(batch)).await.map_err(|_| Stop::Cancelled)?;
-            }
+            flush(&mut columns, tx).await?;
             Ok(())
         }
         .await;

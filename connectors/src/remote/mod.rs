@@ -10,6 +10,7 @@
 pub mod catalog;
 pub mod decode;
 pub mod exec;
+pub mod pgwire;
 pub mod pushdown;
 pub mod source;
 pub mod sql;

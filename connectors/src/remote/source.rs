@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -91,6 +92,15 @@ pub struct RemoteSource {
     pub dialect: Dialect,
     pub config: SqlSourceConfig,
     pool: Pool,
+    /// `host:port` (or the socket) the pool connects to, for errors.
+    address: String,
+    /// PostgreSQL: where splits open their own COPY sessions ([`super::pgwire`]).
+    copy_target: Option<super::pgwire::Target>,
+    /// Idle COPY sessions of this process, newest last, for the next splits.
+    copy_sessions: Mutex<Vec<(super::pgwire::CopyConn, std::time::Instant)>>,
+    /// Set once a COPY session needed what [`super::pgwire`] does not speak (TLS, say):
+    /// splits then read through the pool.
+    copy_through_pool: AtomicBool,
     /// Limits the remote queries this process runs at once.
     pub permits: Arc<Semaphore>,
 }
@@ -105,6 +115,10 @@ impl fmt::Debug for RemoteSource {
 }
 
 pub const DEFAULT_POOL_SIZE: u32 = 8;
+/// How long a split's COPY session may wait idle for the next split.
+const COPY_SESSION_IDLE: Duration = Duration::from_secs(60);
+/// How long a query waits for a connection of the pool.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_CONCURRENT_QUERIES: usize = 4;
 pub const DEFAULT_SPLIT_SIZE_BYTES: u64 = 64 << 20;
 
@@ -112,10 +126,20 @@ impl RemoteSource {
     /// Creates the source and its (lazily connecting) pool. Must run inside [`runtime`].
     fn new(name: &str, dialect: Dialect, config: &SqlSourceConfig) -> Result<Self> {
         let pool_size = config.pool_size.unwrap_or(DEFAULT_POOL_SIZE).max(1);
-        let acquire = Duration::from_secs(30);
+        let acquire = ACQUIRE_TIMEOUT;
+        let mut copy_target = None;
+        let address;
         let pool = match dialect {
             Dialect::Postgres => {
                 let options = pg_options(name, config)?;
+                address = match options.get_socket() {
+                    Some(socket) => socket.display().to_string(),
+                    None => format!("{}:{}", options.get_host(), options.get_port()),
+                };
+                copy_target = Some(super::pgwire::Target::new(
+                    &options,
+                    configured_password(config),
+                ));
                 Pool::Postgres(
                     PgPoolOptions::new()
                         .max_connections(pool_size)
@@ -126,6 +150,10 @@ impl RemoteSource {
             }
             Dialect::MySql => {
                 let options = mysql_options(name, config)?;
+                address = match options.get_socket() {
+                    Some(socket) => socket.display().to_string(),
+                    None => format!("{}:{}", options.get_host(), options.get_port()),
+                };
                 let timeout = config.statement_timeout_secs;
                 Pool::MySql(
                     MySqlPoolOptions::new()
@@ -153,12 +181,59 @@ impl RemoteSource {
             dialect,
             config: config.clone(),
             pool,
+            address,
+            copy_target,
+            copy_sessions: Mutex::new(Vec::new()),
+            copy_through_pool: AtomicBool::new(false),
             permits: Arc::new(Semaphore::new(permits)),
         })
     }
 
     pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// Where a split opens its own COPY session, unless they read through the pool.
+    pub fn copy_target(&self) -> Option<&super::pgwire::Target> {
+        if self.copy_through_pool.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.copy_target.as_ref()
+    }
+
+    /// An idle COPY session of an earlier split, if one is fresh enough.
+    pub fn take_copy_session(&self) -> Option<super::pgwire::CopyConn> {
+        let mut idle = self.copy_sessions.lock().ok()?;
+        idle.retain(|(_, since)| since.elapsed() < COPY_SESSION_IDLE);
+        idle.pop().map(|(conn, _)| conn)
+    }
+
+    /// Keeps a session whose COPY ended cleanly for the next split; at most as many as
+    /// remote queries may run at once.
+    pub fn keep_copy_session(&self, conn: super::pgwire::CopyConn) {
+        if !conn.reusable() {
+            return;
+        }
+        let limit = self
+            .config
+            .max_concurrent_queries
+            .unwrap_or(DEFAULT_MAX_CONCURRENT_QUERIES)
+            .max(1);
+        if let Ok(mut idle) = self.copy_sessions.lock()
+            && idle.len() < limit
+        {
+            idle.push((conn, std::time::Instant::now()));
+        }
+    }
+
+    /// Makes later splits read through the pool: a COPY session needed `why`.
+    pub fn copy_through_pool(&self, why: &str) {
+        if !self.copy_through_pool.swap(true, Ordering::Relaxed) {
+            tracing::info!(
+                source = %self.name,
+                "splits read through sqlx: their own COPY sessions do not support {why}"
+            );
+        }
     }
 
     pub fn capabilities(&self) -> Capabilities {
@@ -189,6 +264,14 @@ impl RemoteSource {
             text.push_str(&format!(
                 " (the source's limit: statement_timeout_secs = {secs} in [catalogs.{}])",
                 self.name
+            ));
+        }
+        if text.contains("pool timed out while waiting for an open connection") {
+            // sqlx retries a refused connection until its deadline, then says only this.
+            text.push_str(&format!(
+                " (no connection to {} within {} s: is the server up and reachable?)",
+                self.address,
+                ACQUIRE_TIMEOUT.as_secs()
             ));
         }
         for secret in [&self.config.password, &self.config.url]
@@ -281,6 +364,20 @@ fn pg_options(name: &str, c: &SqlSourceConfig) -> Result<PgConnectOptions> {
         Some(secs) => o.options([("statement_timeout", format!("{secs}s"))]),
         None => o,
     })
+}
+
+/// The password of a source's configuration: `password`, else the URL's (sqlx keeps what
+/// it parsed to itself).
+fn configured_password(c: &SqlSourceConfig) -> Option<String> {
+    if let Some(p) = &c.password {
+        return Some(p.expose().to_string());
+    }
+    let url = url::Url::parse(c.url.as_ref()?.expose()).ok()?;
+    let p = url.password()?;
+    match percent_encoding::percent_decode_str(p).decode_utf8() {
+        Ok(p) => Some(p.into_owned()),
+        Err(_) => Some(p.to_string()),
+    }
 }
 
 /// `basin executor`, `basin scheduler`...: which Basin process a source session belongs to
