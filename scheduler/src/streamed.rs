@@ -57,8 +57,6 @@ const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
 /// The largest HTTP/2 frame executors may send a streamed partition in.
 const STREAM_FRAME_BYTES: u32 = 1 << 20;
-/// How far (bytes) an executor may stream ahead of what was read here.
-const STREAM_WINDOW_BYTES: u32 = 16 << 20;
 
 /// Spreads the partitions of successive queries over the executors.
 static NEXT_EXECUTOR: AtomicUsize = AtomicUsize::new(0);
@@ -377,11 +375,10 @@ impl StreamedStageExec {
             ))
             .map_err(|e| failed("bad executor address", &e))?
             .tcp_nodelay(true)
-            // A partition streams up to gigabytes: frames of up to 1 MiB (not HTTP/2's
-            // 16 KiB, 64 per record batch) and windows that let the executor run ahead.
-            .max_frame_size(STREAM_FRAME_BYTES)
-            .initial_stream_window_size(STREAM_WINDOW_BYTES)
-            .initial_connection_window_size(STREAM_WINDOW_BYTES);
+            // A partition streams up to gigabytes: frames of up to 1 MiB, not HTTP/2's
+            // 16 KiB (64 per record batch). Windows stay hyper's (2 MiB per stream): they
+            // bound what a slow client makes this process buffer per partition.
+            .max_frame_size(STREAM_FRAME_BYTES);
             let channel = endpoint
                 .connect()
                 .await
