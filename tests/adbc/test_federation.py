@@ -1,7 +1,7 @@
 """Federated reads through a Flight SQL client (the ADBC driver). Cancellation reaches the
 source databases: a client cancels a query, or walks away from its result, and the remote
-statement that Basin's executors run on PostgreSQL / MariaDB stops too (`pg_cancel_backend`,
-`KILL QUERY`) instead of running on for nobody. A split extraction reads one snapshot while its
+statement that Basin's executors run on PostgreSQL / MariaDB stops too (a CancelRequest for
+a split's own PostgreSQL session, `KILL QUERY`) instead of running on for nobody. A split extraction reads one snapshot while its
 result streams to the client.
 
 Needs the throwaway servers of `.ci/services.sh` (BASIN_TEST_PG_URL, BASIN_TEST_MYSQL_URL):
