@@ -997,7 +997,8 @@ fn splits_log_in_with_cleartext_md5_and_scram_passwords() {
         let e = stderr(&out);
         assert!(
             !out.status.success(),
-            "{role}: a wrong password was accepted"
+            "{role}: a wrong password was accepted (a PostgreSQL started by an older \
+             .ci/services.sh trusts every role: `.ci/services.sh stop`, then start it again)"
         );
         assert!(
             e.contains("source `pg`")
