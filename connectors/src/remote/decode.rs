@@ -677,12 +677,8 @@ impl CopyParser {
     /// Decodes every complete row buffered so far into `columns`, stopping early once
     /// `columns` holds `max_rows`.
     pub fn parse(&mut self, columns: &mut Columns, max_rows: usize) -> Result<()> {
-        let buf = match &self.buf {
-            Unparsed::Chunk(b) => &b[..],
-            Unparsed::Joined(b) => &b[..],
-        };
         parse_rows(
-            buf,
+            self.buf.bytes(),
             &mut self.pos,
             &mut self.header_done,
             &mut self.done,
@@ -746,7 +742,7 @@ fn parse_rows(
         if &head[..11] != COPY_SIGNATURE {
             return Err(bad("COPY", "missing binary COPY signature"));
         }
-        let ext = u32::from_be_bytes(head[15..19].try_into().expect("4 bytes")) as usize;
+        let ext = u32::from_be_bytes(be(&head[15..19], "COPY header")?) as usize;
         if buf.len() < *pos + 19 + ext {
             return Ok(());
         }
@@ -776,7 +772,7 @@ fn parse_rows(
             let Some(len) = row.get(at..at + 4) else {
                 return Ok(());
             };
-            let len = i32::from_be_bytes(len.try_into().expect("4 bytes"));
+            let len = i32::from_be_bytes(be(len, "COPY field length")?);
             at += 4 + len.max(0) as usize;
             if at > row.len() {
                 return Ok(());
@@ -784,7 +780,7 @@ fn parse_rows(
         }
         let mut at = *pos + 2;
         for i in 0..width {
-            let len = i32::from_be_bytes(buf[at..at + 4].try_into().expect("4 bytes"));
+            let len = i32::from_be_bytes(be(&buf[at..at + 4], "COPY field length")?);
             at += 4;
             if len < 0 {
                 columns.push_pg(i, None)?;

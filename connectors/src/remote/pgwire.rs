@@ -21,7 +21,7 @@ use bytes::{Buf, BufMut, BytesMut};
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 #[cfg(unix)]
 use tokio::net::UnixStream;
@@ -169,9 +169,17 @@ impl Socket {
 
     async fn read_buf(&mut self, buf: &mut BytesMut) -> io::Result<usize> {
         match self {
-            Self::Tcp(s) => read_into(s, buf).await,
+            Self::Tcp(s) => s.read_buf(buf).await,
             #[cfg(unix)]
-            Self::Unix(s) => read_into(s, buf).await,
+            Self::Unix(s) => s.read_buf(buf).await,
+        }
+    }
+
+    async fn read_u8(&mut self) -> io::Result<u8> {
+        match self {
+            Self::Tcp(s) => s.read_u8().await,
+            #[cfg(unix)]
+            Self::Unix(s) => s.read_u8().await,
         }
     }
 }
@@ -187,13 +195,6 @@ impl Drop for CopyConn {
             Socket::Unix(s) => s.try_write(&bye),
         };
     }
-}
-
-async fn read_into<S: AsyncRead + AsyncWrite + Unpin>(
-    s: &mut S,
-    buf: &mut BytesMut,
-) -> io::Result<usize> {
-    s.read_buf(buf).await
 }
 
 /// The outcome of [`CopyConn::connect`].
@@ -232,13 +233,7 @@ impl CopyConn {
             req.put_i32(8);
             req.put_i32(SSL_REQUEST);
             socket.write_all(&req).await?;
-            let mut answer = BytesMut::with_capacity(1);
-            while answer.is_empty() {
-                if socket.read_buf(&mut answer).await? == 0 {
-                    return Err(WireError::Io(io::ErrorKind::UnexpectedEof.into()));
-                }
-            }
-            match (answer[0], target.ssl) {
+            match (socket.read_u8().await?, target.ssl) {
                 (b'N', PgSslMode::Allow | PgSslMode::Prefer) => {}
                 (b'N' | b'S', _) => return Ok(Connected::Unsupported("TLS")),
                 // An ErrorResponse: a server older than SSLRequest; sqlx says what it is.
@@ -506,7 +501,7 @@ impl Inbox {
         if self.buf.len() < 5 {
             return Ok(None);
         }
-        let len = i32::from_be_bytes(self.buf[1..5].try_into().expect("4 bytes"));
+        let len = i32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]);
         if len < 4 || len as usize > MAX_MESSAGE {
             return Err(protocol(format!("message of length {len}")));
         }
@@ -544,11 +539,12 @@ fn cstr(s: &str) -> Vec<u8> {
 }
 
 fn startup(target: &Target) -> Vec<u8> {
-    let mut body = BytesMut::new();
-    body.put_i32(PROTOCOL_3_0);
+    // Length (filled in last), protocol version, NUL-terminated names and values, NUL.
+    let mut m = vec![0; 4];
+    m.extend_from_slice(&PROTOCOL_3_0.to_be_bytes());
     let mut put = |k: &str, v: &str| {
-        body.put_slice(&cstr(k));
-        body.put_slice(&cstr(v));
+        m.extend_from_slice(&cstr(k));
+        m.extend_from_slice(&cstr(v));
     };
     put("user", &target.user);
     if let Some(db) = &target.database {
@@ -557,10 +553,9 @@ fn startup(target: &Target) -> Vec<u8> {
     for (k, v) in &target.params {
         put(k, v);
     }
-    body.put_u8(0);
-    let mut m = Vec::with_capacity(4 + body.len());
-    m.extend_from_slice(&(4 + body.len() as i32).to_be_bytes());
-    m.extend_from_slice(&body);
+    m.push(0);
+    let len = (m.len() as i32).to_be_bytes();
+    m[..4].copy_from_slice(&len);
     m
 }
 
@@ -608,10 +603,10 @@ fn random_nonce() -> String {
 
 type HmacSha256 = Hmac<Sha256>;
 
-fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
-    let mut mac = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
+fn hmac(key: &[u8], data: &[u8]) -> Result<[u8; 32]> {
+    let mut mac = HmacSha256::new_from_slice(key).map_err(|e| protocol(format!("HMAC: {e}")))?;
     mac.update(data);
-    mac.finalize().into_bytes().into()
+    Ok(mac.finalize().into_bytes().into())
 }
 
 /// SCRAM-SHA-256 without channel binding (RFC 5802, RFC 7677).
@@ -669,17 +664,17 @@ impl Scram {
         // Hi(password, salt, i): PBKDF2 with HMAC-SHA-256, one block.
         let mut block = salt.clone();
         block.extend_from_slice(&1u32.to_be_bytes());
-        let mut u = hmac(self.password.as_bytes(), &block);
+        let mut u = hmac(self.password.as_bytes(), &block)?;
         let mut salted = u;
         for _ in 1..iterations {
-            u = hmac(self.password.as_bytes(), &u);
+            u = hmac(self.password.as_bytes(), &u)?;
             salted.iter_mut().zip(u).for_each(|(s, x)| *s ^= x);
         }
         let without_proof = format!("c=biws,r={nonce}");
         let auth_message = format!("{},{server_first},{without_proof}", self.first_bare());
-        let client_key = hmac(&salted, b"Client Key");
+        let client_key = hmac(&salted, b"Client Key")?;
         let stored_key: [u8; 32] = Sha256::digest(client_key).into();
-        let signature = hmac(&stored_key, auth_message.as_bytes());
+        let signature = hmac(&stored_key, auth_message.as_bytes())?;
         let proof: Vec<u8> = client_key
             .iter()
             .zip(signature)
@@ -707,8 +702,8 @@ impl Scram {
             .split(',')
             .find_map(|kv| kv.strip_prefix("v="))
             .ok_or_else(|| protocol("SCRAM final message without a verifier"))?;
-        let server_key = hmac(salted, b"Server Key");
-        let expected = hmac(&server_key, auth_message.as_bytes());
+        let server_key = hmac(salted, b"Server Key")?;
+        let expected = hmac(&server_key, auth_message.as_bytes())?;
         if BASE64_STANDARD.decode(verifier).ok().as_deref() != Some(&expected[..]) {
             return Err(protocol(
                 "the server's SCRAM signature is wrong (it does not know the password)",

@@ -126,16 +126,13 @@ impl RemoteSource {
     /// Creates the source and its (lazily connecting) pool. Must run inside [`runtime`].
     fn new(name: &str, dialect: Dialect, config: &SqlSourceConfig) -> Result<Self> {
         let pool_size = config.pool_size.unwrap_or(DEFAULT_POOL_SIZE).max(1);
-        let acquire = ACQUIRE_TIMEOUT;
         let mut copy_target = None;
         let address;
         let pool = match dialect {
             Dialect::Postgres => {
                 let options = pg_options(name, config)?;
-                address = match options.get_socket() {
-                    Some(socket) => socket.display().to_string(),
-                    None => format!("{}:{}", options.get_host(), options.get_port()),
-                };
+                address =
+                    display_address(options.get_socket(), options.get_host(), options.get_port());
                 copy_target = Some(super::pgwire::Target::new(
                     &options,
                     configured_password(config),
@@ -143,22 +140,20 @@ impl RemoteSource {
                 Pool::Postgres(
                     PgPoolOptions::new()
                         .max_connections(pool_size)
-                        .acquire_timeout(acquire)
+                        .acquire_timeout(ACQUIRE_TIMEOUT)
                         .idle_timeout(Duration::from_secs(300))
                         .connect_lazy_with(options),
                 )
             }
             Dialect::MySql => {
                 let options = mysql_options(name, config)?;
-                address = match options.get_socket() {
-                    Some(socket) => socket.display().to_string(),
-                    None => format!("{}:{}", options.get_host(), options.get_port()),
-                };
+                address =
+                    display_address(options.get_socket(), options.get_host(), options.get_port());
                 let timeout = config.statement_timeout_secs;
                 Pool::MySql(
                     MySqlPoolOptions::new()
                         .max_connections(pool_size)
-                        .acquire_timeout(acquire)
+                        .acquire_timeout(ACQUIRE_TIMEOUT)
                         .idle_timeout(Duration::from_secs(300))
                         .after_connect(move |conn, _| {
                             Box::pin(async move {
@@ -172,10 +167,6 @@ impl RemoteSource {
                 )
             }
         };
-        let permits = config
-            .max_concurrent_queries
-            .unwrap_or(DEFAULT_MAX_CONCURRENT_QUERIES)
-            .max(1);
         Ok(Self {
             name: name.to_string(),
             dialect,
@@ -185,7 +176,7 @@ impl RemoteSource {
             copy_target,
             copy_sessions: Mutex::new(Vec::new()),
             copy_through_pool: AtomicBool::new(false),
-            permits: Arc::new(Semaphore::new(permits)),
+            permits: Arc::new(Semaphore::new(max_concurrent_queries(config))),
         })
     }
 
@@ -214,13 +205,8 @@ impl RemoteSource {
         if !conn.reusable() {
             return;
         }
-        let limit = self
-            .config
-            .max_concurrent_queries
-            .unwrap_or(DEFAULT_MAX_CONCURRENT_QUERIES)
-            .max(1);
         if let Ok(mut idle) = self.copy_sessions.lock()
-            && idle.len() < limit
+            && idle.len() < max_concurrent_queries(&self.config)
         {
             idle.push((conn, std::time::Instant::now()));
         }
@@ -374,9 +360,22 @@ fn configured_password(c: &SqlSourceConfig) -> Option<String> {
     }
     let url = url::Url::parse(c.url.as_ref()?.expose()).ok()?;
     let p = url.password()?;
-    match percent_encoding::percent_decode_str(p).decode_utf8() {
-        Ok(p) => Some(p.into_owned()),
-        Err(_) => Some(p.to_string()),
+    let decoded = percent_encoding::percent_decode_str(p).decode_utf8();
+    Some(decoded.map_or_else(|_| p.to_string(), |p| p.into_owned()))
+}
+
+/// Remote queries one Basin process runs at once on a source.
+fn max_concurrent_queries(c: &SqlSourceConfig) -> usize {
+    c.max_concurrent_queries
+        .unwrap_or(DEFAULT_MAX_CONCURRENT_QUERIES)
+        .max(1)
+}
+
+/// `host:port`, or the socket directory, of a connection's options (for errors).
+fn display_address(socket: Option<&std::path::PathBuf>, host: &str, port: u16) -> String {
+    match socket {
+        Some(socket) => socket.display().to_string(),
+        None => format!("{host}:{port}"),
     }
 }
 
