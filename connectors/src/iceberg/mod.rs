@@ -7,6 +7,7 @@
 //!   ([`IcebergWriteExec`]); the front end then commits every file of the statement in one
 //!   snapshot ([`IcebergCommitExec`]).
 
+mod by_name;
 mod catalog;
 mod ddl;
 mod metadata_tables;
@@ -16,6 +17,7 @@ mod storage;
 mod table;
 mod write;
 
+pub use by_name::ByName;
 pub use catalog::{
     DEFAULT_SPLIT_SIZE, DEFAULT_TARGET_FILE_SIZE, IcebergCatalog, IcebergCatalogProvider,
     IcebergOptions, IcebergSchemaProvider, TableName, VERSION_MARKER, error_text, namespace_ident,

@@ -27,6 +27,7 @@ use iceberg::scan::FileScanTask;
 use iceberg::spec::NameMapping;
 use serde::{Deserialize, Serialize};
 
+use super::by_name::ByName;
 use super::catalog::error_text;
 use super::storage::BasinStorageFactory;
 
@@ -66,12 +67,22 @@ pub struct ScanSpec {
     pub name_mapping: Option<String>,
     pub limit: Option<usize>,
     pub stats: ScanPlanStats,
+    /// Set when the files are read by DataFusion's Parquet reader, matching columns by name
+    /// (see `by_name`); `None`: iceberg-rust's reader.
+    #[serde(default)]
+    pub by_name: Option<ByName>,
+    /// The filters pushed into the scan (DataFusion protobuf, base64), for pruning row groups
+    /// and pages on the by-name path.
+    #[serde(default)]
+    pub filter: Option<String>,
 }
 
 /// Reads planned Iceberg file scan tasks.
 #[derive(Debug)]
 pub struct IcebergScanExec {
     spec: ScanSpec,
+    /// The whole table (version read) in Arrow.
+    table_schema: SchemaRef,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
@@ -97,6 +108,7 @@ impl IcebergScanExec {
         ));
         Ok(Self {
             spec,
+            table_schema: Arc::new(full),
             schema,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
@@ -133,7 +145,52 @@ impl DisplayAs for IcebergScanExec {
         if let Some(limit) = self.spec.limit {
             write!(f, ", limit={limit}")?;
         }
-        Ok(())
+        let reader = if self.spec.by_name.is_some() {
+            "datafusion-parquet"
+        } else {
+            "iceberg-rust"
+        };
+        write!(f, ", reader={reader}")
+    }
+}
+
+impl IcebergScanExec {
+    /// Batches as this scan's schema says (the files' field metadata dropped, no columns for
+    /// `count(*)`), at most `limit` rows.
+    fn conform(
+        &self,
+        stream: impl futures::Stream<Item = Result<RecordBatch>> + Send + 'static,
+    ) -> SendableRecordBatchStream {
+        let schema = self.schema.clone();
+        let read_no_columns = self.spec.read_no_columns;
+        let mut remaining = self.spec.limit;
+        let stream = stream
+            .map(move |batch| {
+                let batch = batch?;
+                let columns = if read_no_columns {
+                    vec![]
+                } else {
+                    batch.columns().to_vec()
+                };
+                Ok(RecordBatch::try_new_with_options(
+                    schema.clone(),
+                    columns,
+                    &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+                )?)
+            })
+            .try_filter_map(move |batch: RecordBatch| {
+                let out = match remaining.as_mut() {
+                    None => Some(batch),
+                    Some(0) => None,
+                    Some(left) => {
+                        let take = batch.num_rows().min(*left);
+                        *left -= take;
+                        Some(batch.slice(0, take))
+                    }
+                };
+                futures::future::ready(Ok(out))
+            });
+        Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream))
     }
 }
 
@@ -205,6 +262,11 @@ impl ExecutionPlan for IcebergScanExec {
         let files = MetricBuilder::new(&self.metrics).counter("files_scanned", partition);
         files.add(tasks.len());
         bytes.add(tasks.iter().map(|t| t.length as usize).sum());
+        if let Some(by_name) = &self.spec.by_name {
+            let stream =
+                super::by_name::execute(&self.spec, by_name, &self.table_schema, &tasks, context)?;
+            return Ok(self.conform(stream));
+        }
         let file_io = FileIOBuilder::new(Arc::new(BasinStorageFactory))
             .with_props(self.spec.file_io.clone())
             .build();
@@ -223,42 +285,11 @@ impl ExecutionPlan for IcebergScanExec {
                 DataFusionError::Execution(format!("cannot read `{table}`: {}", error_text(&e)))
             })?
             .stream();
-        let schema = self.schema.clone();
-        let read_no_columns = self.spec.read_no_columns;
         let table = self.spec.table.clone();
-        let mut remaining = self.spec.limit;
-        let stream = stream
-            .map(move |batch| {
-                let batch = batch.map_err(|e| {
-                    DataFusionError::Execution(format!("cannot read `{table}`: {}", error_text(&e)))
-                })?;
-                let columns = if read_no_columns {
-                    vec![]
-                } else {
-                    batch.columns().to_vec()
-                };
-                Ok(RecordBatch::try_new_with_options(
-                    schema.clone(),
-                    columns,
-                    &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
-                )?)
-            })
-            .try_filter_map(move |batch: RecordBatch| {
-                let out = match remaining.as_mut() {
-                    None => Some(batch),
-                    Some(0) => None,
-                    Some(left) => {
-                        let take = batch.num_rows().min(*left);
-                        *left -= take;
-                        Some(batch.slice(0, take))
-                    }
-                };
-                futures::future::ready(Ok(out))
-            });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            self.schema.clone(),
-            stream,
-        )))
+        let stream = stream.map_err(move |e| {
+            DataFusionError::Execution(format!("cannot read `{table}`: {}", error_text(&e)))
+        });
+        Ok(self.conform(stream))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {

@@ -60,7 +60,7 @@ impl BasinStorage {
     }
 
     /// The store and the object path for a location.
-    fn resolve(&self, location: &str) -> Result<(Arc<dyn ObjectStore>, Path)> {
+    pub(crate) fn resolve(&self, location: &str) -> Result<(Arc<dyn ObjectStore>, Path)> {
         if location.starts_with('/') {
             return Ok((self.store("file", "", location)?, local_path(location)?));
         }

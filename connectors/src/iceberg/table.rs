@@ -22,6 +22,7 @@ use iceberg::table::Table;
 use iceberg_datafusion::physical_plan::convert_filters_to_predicate;
 use serde::{Deserialize, Serialize};
 
+use super::by_name::{by_name_fields, encode_filters};
 use super::catalog::{IcebergCatalog, IcebergOptions, error_text};
 use super::scan::{IcebergScanExec, ScanPlanStats, ScanSpec};
 use super::storage::BasinStorageFactory;
@@ -444,6 +445,14 @@ impl IcebergTableProvider {
             delete_files: tasks.iter().map(|t| t.deletes.len() as u64).sum(),
             predicate: predicate.map(|p| p.to_string()),
         };
+        let by_name = by_name_fields(
+            &self.spec.metadata,
+            &*self.spec.version_schema()?,
+            &columns,
+            filters,
+            &tasks,
+        );
+        let filter = by_name.as_ref().and_then(|_| encode_filters(filters));
         let groups = balance(tasks, self.spec.options.split_size, target_partitions);
         IcebergScanExec::try_new(ScanSpec {
             table: qualified,
@@ -465,6 +474,8 @@ impl IcebergTableProvider {
             name_mapping,
             limit,
             stats,
+            by_name,
+            filter,
         })
     }
 }
