@@ -308,6 +308,7 @@ impl BasinQueryPlanner {
         plans.push(StringifiedPlan::new(
             PlanType::FinalPhysicalPlan,
             displayable(physical.as_ref())
+                .set_show_statistics(state.config_options().explain.show_statistics)
                 .indent(explain.verbose)
                 .to_string(),
         ));

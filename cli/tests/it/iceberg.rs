@@ -308,6 +308,30 @@ fn schema_evolution_by_field_id() {
 }
 
 #[test]
+fn scans_carry_column_bounds_from_the_manifests() {
+    let data = scratch_dir("lake-stats");
+    let plan = ok(
+        &data,
+        "CREATE SCHEMA lake.s; \
+         CREATE TABLE lake.s.n AS SELECT * FROM tpch.tiny.nation; \
+         INSERT INTO lake.s.n SELECT n_nationkey + 100, n_name, n_regionkey, n_comment \
+           FROM tpch.tiny.nation WHERE n_nationkey < 3; \
+         SET datafusion.explain.show_statistics = true; \
+         EXPLAIN SELECT n_nationkey, n_name FROM lake.s.n",
+    );
+    // Over both files: the planner sees the key's range and the names' bounds.
+    assert!(
+        plan.contains("Min=Inexact(Int64(0)) Max=Inexact(Int64(102))"),
+        "{plan}"
+    );
+    assert!(
+        plan.contains("ALGERIA") && plan.contains("Max=Inexact(Utf8(") && plan.contains("VIETNAM"),
+        "{plan}"
+    );
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[test]
 fn unreachable_rest_catalog_is_a_clear_error() {
     let data = scratch_dir("lake-unreachable");
     let port = {

@@ -13,6 +13,7 @@ mod ddl;
 mod metadata_tables;
 mod parquet_props;
 mod scan;
+mod stats;
 mod storage;
 mod table;
 mod write;

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use datafusion::arrow::array::RecordBatchOptions;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
-use datafusion::common::Statistics;
 use datafusion::common::stats::Precision;
+use datafusion::common::{ColumnStatistics, Statistics};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_expr::EquivalenceProperties;
@@ -86,6 +86,9 @@ pub struct IcebergScanExec {
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
     metrics: ExecutionPlanMetricsSet,
+    /// Bounds and null counts of the output columns over the planned files (from the
+    /// manifests), for the planner's estimates; not sent to executors.
+    column_stats: Option<Vec<ColumnStatistics>>,
 }
 
 impl IcebergScanExec {
@@ -112,7 +115,14 @@ impl IcebergScanExec {
             schema,
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
+            column_stats: None,
         })
+    }
+
+    /// Column statistics for the planner (one per output column, else ignored).
+    pub fn with_column_statistics(mut self, stats: Option<Vec<ColumnStatistics>>) -> Self {
+        self.column_stats = stats.filter(|s| s.len() == self.schema.fields().len());
+        self
     }
 
     pub fn spec(&self) -> &ScanSpec {
@@ -326,6 +336,11 @@ impl ExecutionPlan for IcebergScanExec {
         let mut stats = Statistics::new_unknown(&self.schema);
         stats.num_rows = num_rows;
         stats.total_byte_size = Precision::Inexact(bytes as usize);
+        if partition.is_none()
+            && let Some(columns) = &self.column_stats
+        {
+            stats.column_statistics = columns.clone();
+        }
         Ok(stats)
     }
 }

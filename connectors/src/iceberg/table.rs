@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use super::by_name::{by_name_fields, encode_filters};
 use super::catalog::{IcebergCatalog, IcebergOptions, error_text};
 use super::scan::{IcebergScanExec, ScanPlanStats, ScanSpec};
+use super::stats::column_statistics;
 use super::storage::BasinStorageFactory;
 
 /// Which snapshot a query reads.
@@ -393,6 +394,7 @@ impl IcebergTableProvider {
         let predicate = convert_filters_to_predicate(filters);
         let mut tasks: Vec<FileScanTask> = Vec::new();
         let mut files_total = 0u64;
+        let mut column_stats = None;
         if let Some(snapshot_id) = self.spec.snapshot_id {
             let table = self.spec.table()?;
             let mut builder = table
@@ -431,6 +433,24 @@ impl IcebergTableProvider {
                 .and_then(|s| s.summary().additional_properties.get("total-data-files"))
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(tasks.len() as u64);
+            let version_schema = self.spec.version_schema()?;
+            let field_ids: Option<Vec<i32>> = output_schema
+                .fields()
+                .iter()
+                .map(|f| version_schema.field_by_name(f.name()).map(|x| x.id))
+                .collect();
+            if let Some(field_ids) = field_ids {
+                let planned = tasks.iter().map(|t| t.data_file_path.as_str()).collect();
+                column_stats = column_statistics(
+                    &table,
+                    &self.spec.metadata,
+                    snapshot_id,
+                    &planned,
+                    &output_schema,
+                    &field_ids,
+                )
+                .await;
+            }
         }
         let name_mapping = self
             .spec
@@ -454,7 +474,7 @@ impl IcebergTableProvider {
         );
         let filter = by_name.as_ref().and_then(|_| encode_filters(filters));
         let groups = balance(tasks, self.spec.options.split_size, target_partitions);
-        IcebergScanExec::try_new(ScanSpec {
+        let exec = IcebergScanExec::try_new(ScanSpec {
             table: qualified,
             snapshot_id: self.spec.snapshot_id,
             columns,
@@ -476,7 +496,8 @@ impl IcebergTableProvider {
             stats,
             by_name,
             filter,
-        })
+        })?;
+        Ok(exec.with_column_statistics(column_stats))
     }
 }
 
