@@ -1,7 +1,7 @@
 //! A whole Basin cluster in one process: a scheduler and N executors that talk over
 //! loopback gRPC and Flight exactly as separate processes do.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,24 +59,9 @@ impl StandaloneCluster {
             scheduler.addr.port()
         ));
         let task_log = TaskLog::default();
-        let mut executors = Vec::with_capacity(options.executors);
-        for i in 0..options.executors {
-            let mut executor_options = ExecutorOptions::new(
-                &config,
-                &scheduler.addr.ip().to_string(),
-                scheduler.addr.port(),
-            );
-            executor_options.work_dir = Some(work_root.join(format!("executor-{i}")));
-            executor_options.task_log = Some(task_log.clone());
-            let config = config.clone();
-            executors.push(tokio::spawn(async move {
-                let outcome = basin_executor::run(config, executor_options).await;
-                if let Err(e) = &outcome {
-                    tracing::error!(executor = i, error = %e, "executor failed");
-                }
-                outcome
-            }));
-        }
+        let executors = (0..options.executors)
+            .map(|i| spawn_executor(&config, &scheduler, i, &work_root, &task_log))
+            .collect();
         let mut cluster = Self {
             task_slots: options.executors * effective_task_slots(config.server.executor_task_slots),
             config,
@@ -89,25 +74,49 @@ impl StandaloneCluster {
         Ok(cluster)
     }
 
-    /// Waits until every executor registered; an executor that stops first fails the start
-    /// with its reason instead of a timeout.
+    /// Waits until every executor registered; an executor that fails first fails the start
+    /// with its reason instead of a timeout. One whose servers stopped without an error
+    /// before it registered most likely lost a reserved port to another process between
+    /// reserving and binding it (Ballista binds its ports itself): it is started again on new
+    /// ports, a few times.
     async fn wait_for_executors(&mut self, timeout: Duration) -> Result<()> {
-        let registered = self
-            .scheduler
-            .wait_for_executors(self.executors.len(), timeout);
-        let stopped = futures::future::select_all(self.executors.iter_mut());
-        tokio::select! {
-            registered = registered => registered.map(|_| ()),
-            (outcome, i, _) = stopped => {
-                let reason = match outcome {
-                    Ok(Err(e)) => e.to_string(),
-                    Ok(Ok(())) => "it stopped before registering with the scheduler".into(),
-                    Err(e) => format!("it panicked or was cancelled: {e}"),
-                };
-                Err(BasinError::Invalid(format!(
-                    "executor {i} of the standalone cluster did not start: {reason}"
-                )))
-            }
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut restarts = 0;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let (i, outcome) = {
+                let registered = self
+                    .scheduler
+                    .wait_for_executors(self.executors.len(), left);
+                let stopped = futures::future::select_all(self.executors.iter_mut());
+                tokio::select! {
+                    registered = registered => return registered.map(|_| ()),
+                    (outcome, i, _) = stopped => (i, outcome),
+                }
+            };
+            let reason = match outcome {
+                Ok(Ok(())) if restarts < 3 => {
+                    restarts += 1;
+                    tracing::warn!(
+                        executor = i,
+                        "executor stopped before registering; starting it again on new ports"
+                    );
+                    self.executors[i] = spawn_executor(
+                        &self.config,
+                        &self.scheduler,
+                        i,
+                        &self.work_root,
+                        &self.task_log,
+                    );
+                    continue;
+                }
+                Ok(Err(e)) => e.to_string(),
+                Ok(Ok(())) => "it stopped before registering with the scheduler".into(),
+                Err(e) => format!("it panicked or was cancelled: {e}"),
+            };
+            return Err(BasinError::Invalid(format!(
+                "executor {i} of the standalone cluster did not start: {reason}"
+            )));
         }
     }
 
@@ -154,4 +163,29 @@ impl Drop for StandaloneCluster {
             let _ = std::fs::remove_dir(parent);
         }
     }
+}
+
+/// Starts executor `i` of a standalone cluster (its own free ports, its work directory).
+fn spawn_executor(
+    config: &Arc<BasinConfig>,
+    scheduler: &SchedulerHandle,
+    i: usize,
+    work_root: &Path,
+    task_log: &TaskLog,
+) -> JoinHandle<Result<()>> {
+    let mut executor_options = ExecutorOptions::new(
+        config,
+        &scheduler.addr.ip().to_string(),
+        scheduler.addr.port(),
+    );
+    executor_options.work_dir = Some(work_root.join(format!("executor-{i}")));
+    executor_options.task_log = Some(task_log.clone());
+    let config = config.clone();
+    tokio::spawn(async move {
+        let outcome = basin_executor::run(config, executor_options).await;
+        if let Err(e) = &outcome {
+            tracing::error!(executor = i, error = %e, "executor failed");
+        }
+        outcome
+    })
 }
