@@ -12,7 +12,9 @@
 //! filters, rows filtered once by the `FilterExec` above. That holds when
 //! - no planned file has delete files (they need iceberg-rust's delete handling), and every
 //!   file is Parquet;
-//! - the table has no `schema.name-mapping.default` (files without field ids);
+//! - the table's `schema.name-mapping.default`, if any (for files without field ids), maps
+//!   each such column's own name, and only it, to its field id, and the column is not the
+//!   source of an identity partition (a file added without ids may leave it out);
 //! - every column read or filtered is of a primitive type without an `initial-default`, has a
 //!   plain name (`[A-Za-z_][A-Za-z0-9_]*`, which no writer rewrites) and, across every schema
 //!   in the table's history, that name always meant that field id and that id that name (no
@@ -52,7 +54,7 @@ use datafusion_proto::bytes::Serializeable;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use iceberg::scan::FileScanTask;
-use iceberg::spec::{DataFileFormat, NameMapping, Schema, TableMetadata, Type};
+use iceberg::spec::{DataFileFormat, NameMapping, Schema, TableMetadata, Transform, Type};
 use object_store::ObjectStore;
 use parquet::arrow::arrow_reader::ArrowReaderOptions;
 use parquet::arrow::async_reader::{AsyncFileReader, ParquetObjectReader};
@@ -112,6 +114,16 @@ pub(crate) fn by_name_fields(
             return None;
         }
         if let Some(mapping) = &mapping {
+            // Files added without field ids (Hive layouts) may leave identity-partitioned
+            // columns out of the file: iceberg-rust fills them in from the partition values.
+            let partition_source = metadata.partition_specs_iter().any(|spec| {
+                spec.fields()
+                    .iter()
+                    .any(|f| f.source_id == field.id && f.transform == Transform::Identity)
+            });
+            if partition_source {
+                return None;
+            }
             let mut entries = mapping
                 .fields()
                 .iter()
