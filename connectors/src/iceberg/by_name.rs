@@ -33,7 +33,7 @@ use std::sync::Arc;
 use base64::Engine as _;
 use base64::prelude::BASE64_STANDARD;
 use bytes::Bytes;
-use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::DFSchema;
 use datafusion::config::TableParquetOptions;
 use datafusion::datasource::listing::PartitionedFile;
@@ -55,7 +55,7 @@ use futures::FutureExt;
 use futures::future::BoxFuture;
 use iceberg::scan::FileScanTask;
 use iceberg::spec::{DataFileFormat, NameMapping, Schema, TableMetadata, Transform, Type};
-use object_store::ObjectStore;
+use object_store::{ObjectMeta, ObjectStore};
 use parquet::arrow::arrow_reader::ArrowReaderOptions;
 use parquet::arrow::async_reader::{AsyncFileReader, ParquetObjectReader};
 use parquet::errors::ParquetError;
@@ -183,12 +183,20 @@ pub(crate) fn execute(
         let (store, path) = storage.resolve(&task.data_file_path).map_err(|e| {
             DataFusionError::Execution(format!("cannot read `{table}`: {}", error_text(&e)))
         })?;
-        let mut file = PartitionedFile::new(path.to_string(), task.file_size_in_bytes)
-            .with_extensions(Arc::new(DataFile {
-                store,
-                location: task.data_file_path.clone(),
-            }));
-        if task.start != 0 || task.length != task.file_size_in_bytes {
+        // The resolved path as it is (a string would be percent-encoded again).
+        let mut file = PartitionedFile::new_from_meta(ObjectMeta {
+            location: path,
+            last_modified: chrono::DateTime::<chrono::Utc>::UNIX_EPOCH,
+            size: task.file_size_in_bytes,
+            e_tag: None,
+            version: None,
+        })
+        .with_extensions(Arc::new(DataFile {
+            store,
+            location: task.data_file_path.clone(),
+        }));
+        // A zero length means the whole file, as in iceberg-rust.
+        if task.length != 0 && (task.start != 0 || task.length != task.file_size_in_bytes) {
             file = file.with_range(task.start as i64, (task.start + task.length) as i64);
         }
         files.push(file);
@@ -201,10 +209,21 @@ pub(crate) fn execute(
             .map(|name| table_schema.index_of(name))
             .collect::<std::result::Result<_, _>>()?
     };
-    let options = TableParquetOptions {
+    let mut options = TableParquetOptions {
         global: context.session_config().options().execution.parquet.clone(),
         ..Default::default()
     };
+    // INT96 timestamps (Hive, Spark files) in the unit of the table's timestamps, as
+    // iceberg-rust does: parquet-rs's nanoseconds wrap around outside 1677-2262.
+    if options.global.coerce_int96.is_none() {
+        let nanos = table_schema.fields().iter().any(|f| {
+            matches!(
+                f.data_type(),
+                DataType::Timestamp(datafusion::arrow::datatypes::TimeUnit::Nanosecond, _)
+            )
+        });
+        options.global.coerce_int96 = Some(if nanos { "ns" } else { "us" }.to_string());
+    }
     let mut source = ParquetSource::new(table_schema.clone())
         .with_table_parquet_options(options)
         .with_parquet_file_reader_factory(Arc::new(Files {
@@ -326,33 +345,61 @@ impl AsyncFileReader for CheckedReader {
     }
 }
 
+/// The file's columns must carry the field ids the table gives their names, and no other
+/// column may carry one of those ids. Whether the file has field ids at all is decided by its
+/// first column, as iceberg-rust does; a file without them is matched through the table's
+/// name mapping (by name, which the plan checked is the same) or, without one, by position
+/// (iceberg-rust's fallback ids 1, 2, …).
 fn check_field_ids(
     metadata: &ParquetMetaData,
     by_name: &ByName,
     location: &str,
 ) -> parquet::errors::Result<()> {
-    let root = metadata.file_metadata().schema_descr().root_schema();
-    for column in root.get_fields() {
+    let columns = metadata
+        .file_metadata()
+        .schema_descr()
+        .root_schema()
+        .get_fields();
+    let has_ids = columns.first().is_some_and(|c| c.get_basic_info().has_id());
+    let names: HashMap<i32, &str> = by_name
+        .fields
+        .iter()
+        .map(|(name, id)| (*id, name.as_str()))
+        .collect();
+    for (position, column) in columns.iter().enumerate() {
         let info = column.get_basic_info();
-        let Some(&want) = by_name.fields.get(info.name()) else {
-            continue;
+        let id = if has_ids {
+            info.has_id().then(|| info.id())
+        } else if by_name.ids_optional {
+            None
+        } else {
+            i32::try_from(position + 1).ok()
         };
-        if !info.has_id() && by_name.ids_optional {
-            continue;
+        if let Some(&want) = by_name.fields.get(info.name()) {
+            if has_ids && !info.has_id() {
+                return Err(ParquetError::General(format!(
+                    "Iceberg data file `{location}` has field ids, but not for its column `{}`",
+                    info.name()
+                )));
+            }
+            if let Some(id) = id
+                && id != want
+            {
+                return Err(ParquetError::General(format!(
+                    "Iceberg data file `{location}`: column `{}` has field id {id}, the table's \
+                     column of that name has field id {want}",
+                    info.name()
+                )));
+            }
         }
-        if !info.has_id() {
+        if let Some(id) = id
+            && let Some(name) = names.get(&id)
+            && *name != info.name()
+        {
             return Err(ParquetError::General(format!(
-                "Iceberg data file `{location}` has no field id for column `{}`: set the table \
-                 property schema.name-mapping.default so that its columns can be matched",
+                "Iceberg data file `{location}`: its column `{}` has field id {id}, which the \
+                 table calls `{name}`",
                 info.name()
-            )));
-        }
-        if info.id() != want {
-            return Err(ParquetError::General(format!(
-                "Iceberg data file `{location}`: column `{}` has field id {}, the table's \
-                 column of that name has field id {want}",
-                info.name(),
-                info.id()
             )));
         }
     }
@@ -433,15 +480,40 @@ mod tests {
             e.contains("a.parquet") && e.contains("`score` has field id 2") && e.contains("3"),
             "{e}"
         );
-        let e = check_field_ids(&file(&[("id", None)]), &want, "b.parquet")
-            .unwrap_err()
-            .to_string();
+        // A wanted id under another name (a rename the metadata no longer shows).
+        let e = check_field_ids(
+            &file(&[("id", Some(1)), ("points", Some(3))]),
+            &want,
+            "c.parquet",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(
-            e.contains("b.parquet") && e.contains("schema.name-mapping.default"),
+            e.contains("c.parquet") && e.contains("`points`") && e.contains("calls `score`"),
             "{e}"
         );
-        // With a name mapping that gives these names these ids, a file without ids is fine.
+        // Ids decided by the first column: a later column without one is refused.
+        let e = check_field_ids(
+            &file(&[("other", Some(7)), ("id", None)]),
+            &want,
+            "d.parquet",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("d.parquet") && e.contains("`id`"), "{e}");
+        // No ids, no name mapping: iceberg-rust's position ids (1, 2, ...) must agree.
+        check_field_ids(
+            &file(&[("id", None), ("x", None), ("score", None)]),
+            &want,
+            "e",
+        )
+        .unwrap();
+        let e = check_field_ids(&file(&[("x", None), ("id", None)]), &want, "g.parquet")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("g.parquet"), "{e}");
+        // With a name mapping that gives these names these ids, names decide.
         want.ids_optional = true;
-        check_field_ids(&file(&[("id", None)]), &want, "b.parquet").unwrap();
+        check_field_ids(&file(&[("x", None), ("id", None)]), &want, "h.parquet").unwrap();
     }
 }

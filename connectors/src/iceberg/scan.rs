@@ -46,7 +46,7 @@ pub struct ScanPlanStats {
 }
 
 /// Everything executors need: small enough to travel in the plan.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 pub struct ScanSpec {
     /// `catalog.namespace.table`, for messages and EXPLAIN.
     pub table: String,
@@ -75,6 +75,20 @@ pub struct ScanSpec {
     /// and pages on the by-name path.
     #[serde(default)]
     pub filter: Option<String>,
+}
+
+impl fmt::Debug for ScanSpec {
+    // The FileIO properties may hold credentials, and plans are logged with `{:?}`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScanSpec")
+            .field("table", &self.table)
+            .field("snapshot_id", &self.snapshot_id)
+            .field("columns", &self.columns)
+            .field("groups", &self.groups.len())
+            .field("limit", &self.limit)
+            .field("by_name", &self.by_name.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// Reads planned Iceberg file scan tasks.

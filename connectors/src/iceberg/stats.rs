@@ -30,6 +30,7 @@ struct FileMetrics {
     lower: HashMap<i32, Datum>,
     upper: HashMap<i32, Datum>,
     nulls: HashMap<i32, u64>,
+    nans: HashMap<i32, u64>,
 }
 
 /// Manifests are immutable: their metrics are kept by path for the next plans.
@@ -90,6 +91,14 @@ pub(crate) async fn column_statistics(
                     continue;
                 }
                 let data_type = schema.field(i).data_type();
+                // Bounds leave NaN out, which DataFusion orders above every number: a float
+                // column's bounds only where no planned file has a NaN (or may have one).
+                let floats = matches!(data_type, DataType::Float32 | DataType::Float64);
+                if floats && file.nans.get(id) != Some(&0) {
+                    bounded[i] = false;
+                    bounds[i] = None;
+                    continue;
+                }
                 let (Some(lo), Some(hi)) = (
                     file.lower.get(id).and_then(|d| scalar(d, data_type)),
                     file.upper.get(id).and_then(|d| scalar(d, data_type)),
@@ -141,6 +150,7 @@ async fn manifest_metrics(table: &Table, manifest: &ManifestFile) -> Option<Arc<
                 lower: file.lower_bounds().clone(),
                 upper: file.upper_bounds().clone(),
                 nulls: file.null_value_counts().clone(),
+                nans: file.nan_value_counts().clone(),
             },
         );
     }
