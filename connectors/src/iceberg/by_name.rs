@@ -54,7 +54,9 @@ use datafusion_proto::bytes::Serializeable;
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use iceberg::scan::FileScanTask;
-use iceberg::spec::{DataFileFormat, NameMapping, Schema, TableMetadata, Transform, Type};
+use iceberg::spec::{
+    DataFileFormat, NameMapping, NestedField, Schema, TableMetadata, Transform, Type,
+};
 use object_store::{ObjectMeta, ObjectStore};
 use parquet::arrow::arrow_reader::ArrowReaderOptions;
 use parquet::arrow::async_reader::{AsyncFileReader, ParquetObjectReader};
@@ -104,49 +106,56 @@ pub(crate) fn by_name_fields(
     let mut fields = HashMap::with_capacity(names.len());
     for name in names {
         let field = schema.field_by_name(&name)?;
-        let plain = !name.is_empty()
-            && !name.starts_with(|c: char| c.is_ascii_digit())
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !plain || !matches!(*field.field_type, Type::Primitive(_)) {
+        if !same_by_name(metadata, mapping.as_ref(), &name, field) {
             return None;
-        }
-        if field.initial_default.is_some() {
-            return None;
-        }
-        if let Some(mapping) = &mapping {
-            // Files added without field ids (Hive layouts) may leave identity-partitioned
-            // columns out of the file: iceberg-rust fills them in from the partition values.
-            let partition_source = metadata.partition_specs_iter().any(|spec| {
-                spec.fields()
-                    .iter()
-                    .any(|f| f.source_id == field.id && f.transform == Transform::Identity)
-            });
-            if partition_source {
-                return None;
-            }
-            let mut entries = mapping
-                .fields()
-                .iter()
-                .filter(|m| m.field_id() == Some(field.id) || m.names().contains(&name));
-            let trivial = entries
-                .next()
-                .is_some_and(|m| m.field_id() == Some(field.id) && m.names() == [name.clone()]);
-            if !trivial || entries.next().is_some() {
-                return None;
-            }
-        }
-        for other in metadata.schemas_iter() {
-            if other.field_by_id(field.id).is_some_and(|f| f.name != name)
-                || other.field_by_name(&name).is_some_and(|f| f.id != field.id)
-            {
-                return None;
-            }
         }
         fields.insert(name, field.id);
     }
     Some(ByName {
         fields,
         ids_optional: mapping.is_some(),
+    })
+}
+
+/// Whether reading the column `name` (`field`) by name gives what reading it by its id gives,
+/// in every file the table may have (see the module documentation).
+fn same_by_name(
+    metadata: &TableMetadata,
+    mapping: Option<&NameMapping>,
+    name: &str,
+    field: &NestedField,
+) -> bool {
+    // A top-level column (not a nested field found by its dotted name) with a plain name.
+    let plain = field.name == name
+        && !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !plain || !matches!(*field.field_type, Type::Primitive(_)) || field.initial_default.is_some()
+    {
+        return false;
+    }
+    if let Some(mapping) = mapping {
+        // Files added without field ids (Hive layouts) may leave identity-partitioned
+        // columns out of the file: iceberg-rust fills them in from the partition values.
+        let partition_source = metadata.partition_specs_iter().any(|spec| {
+            spec.fields()
+                .iter()
+                .any(|f| f.source_id == field.id && f.transform == Transform::Identity)
+        });
+        let mut entries = mapping
+            .fields()
+            .iter()
+            .filter(|m| m.field_id() == Some(field.id) || m.names().iter().any(|n| n == name));
+        let trivial = entries
+            .next()
+            .is_some_and(|m| m.field_id() == Some(field.id) && m.names() == [name]);
+        if partition_source || !trivial || entries.next().is_some() {
+            return false;
+        }
+    }
+    metadata.schemas_iter().all(|other| {
+        other.field_by_id(field.id).is_none_or(|f| f.name == name)
+            && other.field_by_name(name).is_none_or(|f| f.id == field.id)
     })
 }
 
@@ -361,11 +370,6 @@ fn check_field_ids(
         .root_schema()
         .get_fields();
     let has_ids = columns.first().is_some_and(|c| c.get_basic_info().has_id());
-    let names: HashMap<i32, &str> = by_name
-        .fields
-        .iter()
-        .map(|(name, id)| (*id, name.as_str()))
-        .collect();
     for (position, column) in columns.iter().enumerate() {
         let info = column.get_basic_info();
         let id = if has_ids {
@@ -393,8 +397,8 @@ fn check_field_ids(
             }
         }
         if let Some(id) = id
-            && let Some(name) = names.get(&id)
-            && *name != info.name()
+            && let Some((name, _)) = by_name.fields.iter().find(|(_, want)| **want == id)
+            && name != info.name()
         {
             return Err(ParquetError::General(format!(
                 "Iceberg data file `{location}`: its column `{}` has field id {id}, which the \
@@ -423,11 +427,11 @@ mod tests {
     use datafusion::arrow::array::{Int64Array, RecordBatch};
     use datafusion::arrow::datatypes::{DataType, Field, Schema};
     use parquet::arrow::ArrowWriter;
-    use parquet::file::metadata::ParquetMetaDataReader;
+    use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 
     use super::{ByName, check_field_ids};
 
-    fn file(ids: &[(&str, Option<i32>)]) -> parquet::file::metadata::ParquetMetaData {
+    fn file(ids: &[(&str, Option<i32>)]) -> ParquetMetaData {
         let fields: Vec<Field> = ids
             .iter()
             .map(|(name, id)| {
@@ -456,6 +460,14 @@ mod tests {
             .unwrap()
     }
 
+    /// The error of a file the check refuses.
+    fn refused(metadata: &ParquetMetaData, want: &ByName, location: &str) -> String {
+        match check_field_ids(metadata, want, location) {
+            Ok(()) => panic!("{location} should be refused"),
+            Err(e) => e.to_string(),
+        }
+    }
+
     #[test]
     fn files_must_carry_the_field_ids_of_the_columns_read() {
         let mut want = ByName {
@@ -463,54 +475,38 @@ mod tests {
             ids_optional: false,
         };
         // Matching ids; a column the file lacks, or one not read, is not checked.
-        check_field_ids(
-            &file(&[("id", Some(1)), ("other", Some(7))]),
-            &want,
-            "f.parquet",
-        )
-        .unwrap();
-        let e = check_field_ids(
+        let ok = file(&[("id", Some(1)), ("other", Some(7))]);
+        check_field_ids(&ok, &want, "f.parquet").unwrap();
+        let e = refused(
             &file(&[("id", Some(1)), ("score", Some(2))]),
             &want,
             "a.parquet",
-        )
-        .unwrap_err()
-        .to_string();
+        );
         assert!(
             e.contains("a.parquet") && e.contains("`score` has field id 2") && e.contains("3"),
             "{e}"
         );
         // A wanted id under another name (a rename the metadata no longer shows).
-        let e = check_field_ids(
+        let e = refused(
             &file(&[("id", Some(1)), ("points", Some(3))]),
             &want,
             "c.parquet",
-        )
-        .unwrap_err()
-        .to_string();
+        );
         assert!(
             e.contains("c.parquet") && e.contains("`points`") && e.contains("calls `score`"),
             "{e}"
         );
         // Ids decided by the first column: a later column without one is refused.
-        let e = check_field_ids(
+        let e = refused(
             &file(&[("other", Some(7)), ("id", None)]),
             &want,
             "d.parquet",
-        )
-        .unwrap_err()
-        .to_string();
+        );
         assert!(e.contains("d.parquet") && e.contains("`id`"), "{e}");
         // No ids, no name mapping: iceberg-rust's position ids (1, 2, ...) must agree.
-        check_field_ids(
-            &file(&[("id", None), ("x", None), ("score", None)]),
-            &want,
-            "e",
-        )
-        .unwrap();
-        let e = check_field_ids(&file(&[("x", None), ("id", None)]), &want, "g.parquet")
-            .unwrap_err()
-            .to_string();
+        let by_position = file(&[("id", None), ("x", None), ("score", None)]);
+        check_field_ids(&by_position, &want, "e").unwrap();
+        let e = refused(&file(&[("x", None), ("id", None)]), &want, "g.parquet");
         assert!(e.contains("g.parquet"), "{e}");
         // With a name mapping that gives these names these ids, names decide.
         want.ids_optional = true;

@@ -142,43 +142,7 @@ impl IcebergScanExec {
     pub fn spec(&self) -> &ScanSpec {
         &self.spec
     }
-}
 
-impl DisplayAs for IcebergScanExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        let s = &self.spec.stats;
-        write!(
-            f,
-            "IcebergScanExec: table={}, snapshot={}, partitions={}, files={} of {} \
-             (pruned {} by partition and statistics), bytes={}, delete_files={}, columns=[{}]",
-            self.spec.table,
-            self.spec
-                .snapshot_id
-                .map_or_else(|| "none".to_string(), |s| s.to_string()),
-            self.spec.groups.len(),
-            s.files_planned,
-            s.files_total,
-            s.files_total.saturating_sub(s.files_planned),
-            s.bytes_planned,
-            s.delete_files,
-            self.spec.output_fields.join(", ")
-        )?;
-        if let Some(p) = &s.predicate {
-            write!(f, ", predicate=[{p}]")?;
-        }
-        if let Some(limit) = self.spec.limit {
-            write!(f, ", limit={limit}")?;
-        }
-        let reader = if self.spec.by_name.is_some() {
-            "datafusion-parquet"
-        } else {
-            "iceberg-rust"
-        };
-        write!(f, ", reader={reader}")
-    }
-}
-
-impl IcebergScanExec {
     /// Batches as this scan's schema says (the files' field metadata dropped, no columns for
     /// `count(*)`), at most `limit` rows.
     fn conform(
@@ -215,6 +179,40 @@ impl IcebergScanExec {
                 futures::future::ready(Ok(out))
             });
         Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream))
+    }
+}
+
+impl DisplayAs for IcebergScanExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        let s = &self.spec.stats;
+        write!(
+            f,
+            "IcebergScanExec: table={}, snapshot={}, partitions={}, files={} of {} \
+             (pruned {} by partition and statistics), bytes={}, delete_files={}, columns=[{}]",
+            self.spec.table,
+            self.spec
+                .snapshot_id
+                .map_or_else(|| "none".to_string(), |s| s.to_string()),
+            self.spec.groups.len(),
+            s.files_planned,
+            s.files_total,
+            s.files_total.saturating_sub(s.files_planned),
+            s.bytes_planned,
+            s.delete_files,
+            self.spec.output_fields.join(", ")
+        )?;
+        if let Some(p) = &s.predicate {
+            write!(f, ", predicate=[{p}]")?;
+        }
+        if let Some(limit) = self.spec.limit {
+            write!(f, ", limit={limit}")?;
+        }
+        let reader = if self.spec.by_name.is_some() {
+            "datafusion-parquet"
+        } else {
+            "iceberg-rust"
+        };
+        write!(f, ", reader={reader}")
     }
 }
 

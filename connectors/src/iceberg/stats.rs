@@ -17,8 +17,8 @@ use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::stats::Precision;
 use datafusion::common::{ColumnStatistics, ScalarValue};
 use iceberg::spec::{
-    DataContentType, Datum, ManifestFile, ManifestList, PrimitiveLiteral, PrimitiveType,
-    TableMetadata,
+    DataContentType, Datum, ManifestContentType, ManifestFile, ManifestList, PrimitiveLiteral,
+    PrimitiveType, Schema, TableMetadata,
 };
 use iceberg::table::Table;
 
@@ -33,37 +33,45 @@ struct FileMetrics {
     nans: HashMap<i32, u64>,
 }
 
-/// Manifests are immutable: their metrics are kept by path for the next plans.
-static MANIFESTS: LazyLock<Mutex<HashMap<String, Arc<ManifestMetrics>>>> =
-    LazyLock::new(Mutex::default);
-const CACHED_MANIFESTS: usize = 512;
+/// Manifest lists and manifests are immutable: what was read from them is kept by path for
+/// the next plans (a new snapshot reads only its new manifests).
+type Cache<V> = LazyLock<Mutex<HashMap<String, V>>>;
+static MANIFEST_LISTS: Cache<Arc<Vec<Arc<ManifestMetrics>>>> = LazyLock::new(Mutex::default);
+static MANIFESTS: Cache<Arc<ManifestMetrics>> = LazyLock::new(Mutex::default);
+const CACHED: usize = 512;
 
-/// Statistics for `schema`'s columns (Iceberg field ids in `field_ids`, same order) over
-/// the planned files, or `None` when the manifests cannot be read (the plan goes on without).
+fn cached<V: Clone>(cache: &Cache<V>, path: &str) -> Option<V> {
+    cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(path)
+        .cloned()
+}
+
+fn keep<V>(cache: &Cache<V>, path: &str, value: V) {
+    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
+    if cache.len() >= CACHED {
+        cache.clear();
+    }
+    cache.insert(path.to_string(), value);
+}
+
+/// Statistics for `schema`'s columns (the output of a scan of `version`) over the planned
+/// files, or `None` when the manifests cannot be read (the plan goes on without).
 pub(crate) async fn column_statistics(
     table: &Table,
     metadata: &TableMetadata,
     snapshot_id: i64,
     planned: &HashSet<&str>,
     schema: &SchemaRef,
-    field_ids: &[i32],
+    version: &Schema,
 ) -> Option<Vec<ColumnStatistics>> {
-    let snapshot = metadata.snapshot_by_id(snapshot_id)?;
-    let file_io = table.file_io();
-    let bytes = file_io
-        .new_input(snapshot.manifest_list())
-        .ok()?
-        .read()
-        .await
-        .ok()?;
-    let list = ManifestList::parse_with_version(&bytes, metadata.format_version()).ok()?;
-    let mut per_file: Vec<Arc<ManifestMetrics>> = Vec::new();
-    for manifest in list.entries() {
-        if manifest.content != iceberg::spec::ManifestContentType::Data {
-            continue;
-        }
-        per_file.push(manifest_metrics(table, manifest).await?);
-    }
+    let field_ids: Vec<i32> = schema
+        .fields()
+        .iter()
+        .map(|f| version.field_by_name(f.name()).map(|x| x.id))
+        .collect::<Option<_>>()?;
+    let manifests = snapshot_metrics(table, metadata, snapshot_id).await?;
     let mut stats: Vec<ColumnStatistics> = schema
         .fields()
         .iter()
@@ -72,76 +80,70 @@ pub(crate) async fn column_statistics(
             ..ColumnStatistics::new_unknown()
         })
         .collect();
-    let mut bounds: Vec<Option<(ScalarValue, ScalarValue)>> = vec![None; field_ids.len()];
-    let mut bounded = vec![true; field_ids.len()];
     let mut seen = 0usize;
-    for metrics in &per_file {
-        for (path, file) in metrics.iter() {
-            if !planned.contains(path.as_str()) {
-                continue;
-            }
-            seen += 1;
-            for (i, id) in field_ids.iter().enumerate() {
-                let stat = &mut stats[i];
-                stat.null_count = match (stat.null_count, file.nulls.get(id)) {
-                    (Precision::Inexact(n), Some(m)) => Precision::Inexact(n + *m as usize),
-                    _ => Precision::Absent,
-                };
-                if !bounded[i] {
-                    continue;
+    let files = manifests.iter().flat_map(|m| m.iter());
+    for (_, file) in files.filter(|(path, _)| planned.contains(path.as_str())) {
+        seen += 1;
+        for ((stat, id), field) in stats.iter_mut().zip(&field_ids).zip(schema.fields()) {
+            let nulls = file
+                .nulls
+                .get(id)
+                .map_or(Precision::Absent, |n| Precision::Inexact(*n as usize));
+            stat.null_count = stat.null_count.add(&nulls);
+            let data_type = field.data_type();
+            // Bounds leave NaN out, which DataFusion orders above every number: a float
+            // column's bounds only where no planned file has a NaN (or may have one).
+            let floats = matches!(data_type, DataType::Float32 | DataType::Float64);
+            let bound = |bounds: &HashMap<i32, Datum>| match bounds.get(id) {
+                Some(d) if !floats || file.nans.get(id) == Some(&0) => {
+                    scalar(d, data_type).map_or(Precision::Absent, Precision::Inexact)
                 }
-                let data_type = schema.field(i).data_type();
-                // Bounds leave NaN out, which DataFusion orders above every number: a float
-                // column's bounds only where no planned file has a NaN (or may have one).
-                let floats = matches!(data_type, DataType::Float32 | DataType::Float64);
-                if floats && file.nans.get(id) != Some(&0) {
-                    bounded[i] = false;
-                    bounds[i] = None;
-                    continue;
-                }
-                let (Some(lo), Some(hi)) = (
-                    file.lower.get(id).and_then(|d| scalar(d, data_type)),
-                    file.upper.get(id).and_then(|d| scalar(d, data_type)),
-                ) else {
-                    bounded[i] = false;
-                    bounds[i] = None;
-                    continue;
-                };
-                bounds[i] = Some(match bounds[i].take() {
-                    None => (lo, hi),
-                    Some((a, b)) => (if lo < a { lo } else { a }, if hi > b { hi } else { b }),
-                });
+                _ => Precision::Absent,
+            };
+            let (lo, hi) = (bound(&file.lower), bound(&file.upper));
+            if seen == 1 {
+                (stat.min_value, stat.max_value) = (lo, hi);
+            } else {
+                stat.min_value = stat.min_value.min(&lo);
+                stat.max_value = stat.max_value.max(&hi);
             }
         }
     }
-    if seen != planned.len() {
-        return None;
+    (seen == planned.len()).then_some(stats)
+}
+
+/// The file metrics of a snapshot's data manifests.
+async fn snapshot_metrics(
+    table: &Table,
+    metadata: &TableMetadata,
+    snapshot_id: i64,
+) -> Option<Arc<Vec<Arc<ManifestMetrics>>>> {
+    let path = metadata.snapshot_by_id(snapshot_id)?.manifest_list();
+    if let Some(hit) = cached(&MANIFEST_LISTS, path) {
+        return Some(hit);
     }
-    for (stat, bound) in stats.iter_mut().zip(bounds) {
-        if let Some((lo, hi)) = bound {
-            stat.min_value = Precision::Inexact(lo);
-            stat.max_value = Precision::Inexact(hi);
+    let bytes = table.file_io().new_input(path).ok()?.read().await.ok()?;
+    let list = ManifestList::parse_with_version(&bytes, metadata.format_version()).ok()?;
+    let mut manifests = Vec::new();
+    for manifest in list.entries() {
+        if manifest.content == ManifestContentType::Data {
+            manifests.push(manifest_metrics(table, manifest).await?);
         }
     }
-    Some(stats)
+    let manifests = Arc::new(manifests);
+    keep(&MANIFEST_LISTS, path, manifests.clone());
+    Some(manifests)
 }
 
 async fn manifest_metrics(table: &Table, manifest: &ManifestFile) -> Option<Arc<ManifestMetrics>> {
-    if let Some(m) = MANIFESTS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&manifest.manifest_path)
-    {
-        return Some(m.clone());
+    if let Some(hit) = cached(&MANIFESTS, &manifest.manifest_path) {
+        return Some(hit);
     }
     let loaded = manifest.load_manifest(table.file_io()).await.ok()?;
     let mut metrics = ManifestMetrics::new();
     for entry in loaded.entries() {
-        if !entry.is_alive() {
-            continue;
-        }
         let file = entry.data_file();
-        if file.content_type() != DataContentType::Data {
+        if !entry.is_alive() || file.content_type() != DataContentType::Data {
             continue;
         }
         metrics.insert(
@@ -155,11 +157,7 @@ async fn manifest_metrics(table: &Table, manifest: &ManifestFile) -> Option<Arc<
         );
     }
     let metrics = Arc::new(metrics);
-    let mut cache = MANIFESTS.lock().unwrap_or_else(|e| e.into_inner());
-    if cache.len() >= CACHED_MANIFESTS {
-        cache.clear();
-    }
-    cache.insert(manifest.manifest_path.clone(), metrics.clone());
+    keep(&MANIFESTS, &manifest.manifest_path, metrics.clone());
     Some(metrics)
 }
 

@@ -392,6 +392,7 @@ impl IcebergTableProvider {
             columns.push(first.name().clone());
         }
         let predicate = convert_filters_to_predicate(filters);
+        let version_schema = self.spec.version_schema()?;
         let mut tasks: Vec<FileScanTask> = Vec::new();
         let mut files_total = 0u64;
         let mut column_stats = None;
@@ -433,24 +434,16 @@ impl IcebergTableProvider {
                 .and_then(|s| s.summary().additional_properties.get("total-data-files"))
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(tasks.len() as u64);
-            let version_schema = self.spec.version_schema()?;
-            let field_ids: Option<Vec<i32>> = output_schema
-                .fields()
-                .iter()
-                .map(|f| version_schema.field_by_name(f.name()).map(|x| x.id))
-                .collect();
-            if let Some(field_ids) = field_ids {
-                let planned = tasks.iter().map(|t| t.data_file_path.as_str()).collect();
-                column_stats = column_statistics(
-                    &table,
-                    &self.spec.metadata,
-                    snapshot_id,
-                    &planned,
-                    &output_schema,
-                    &field_ids,
-                )
-                .await;
-            }
+            let planned = tasks.iter().map(|t| t.data_file_path.as_str()).collect();
+            column_stats = column_statistics(
+                &table,
+                &self.spec.metadata,
+                snapshot_id,
+                &planned,
+                &output_schema,
+                &version_schema,
+            )
+            .await;
         }
         let name_mapping = self
             .spec
@@ -467,7 +460,7 @@ impl IcebergTableProvider {
         };
         let by_name = by_name_fields(
             &self.spec.metadata,
-            &*self.spec.version_schema()?,
+            &version_schema,
             &columns,
             filters,
             &tasks,
@@ -479,7 +472,7 @@ impl IcebergTableProvider {
             snapshot_id: self.spec.snapshot_id,
             columns,
             read_no_columns,
-            schema_json: serde_json::to_string(&self.spec.version_schema()?)
+            schema_json: serde_json::to_string(&version_schema)
                 .map_err(|e| DataFusionError::Internal(e.to_string()))?,
             output_fields: output_schema
                 .fields()

@@ -499,9 +499,9 @@ fn push_pg(b: &mut Builder, value: Option<&[u8]>) -> Result<()> {
         Builder::Time64(b) => b.append_value(i64::from_be_bytes(be(v, "time")?)),
         Builder::Interval(b) => {
             let raw: [u8; 16] = be(v, "interval")?;
-            let micros = i64::from_be_bytes(raw[0..8].try_into().expect("8 bytes"));
-            let days = i32::from_be_bytes(raw[8..12].try_into().expect("4 bytes"));
-            let months = i32::from_be_bytes(raw[12..16].try_into().expect("4 bytes"));
+            let micros = i64::from_be_bytes(be(&raw[0..8], "interval")?);
+            let days = i32::from_be_bytes(be(&raw[8..12], "interval")?);
+            let months = i32::from_be_bytes(be(&raw[12..16], "interval")?);
             b.append_value(IntervalMonthDayNano::new(months, days, micros * 1000))
         }
         Builder::Decimal128(b, s) => b.append_option(pg_numeric_i128(v, *s)?),
@@ -524,9 +524,8 @@ fn push_pg(b: &mut Builder, value: Option<&[u8]>) -> Result<()> {
 /// then each element as (length, bytes). Multi-dimensional arrays are read flattened.
 fn push_pg_array(b: &mut ListBuilder<Builder>, v: &[u8]) -> Result<()> {
     let word = |at: usize| -> Result<i32> {
-        v.get(at..at + 4)
-            .map(|w| i32::from_be_bytes(w.try_into().expect("4 bytes")))
-            .ok_or_else(|| bad("array", "truncated"))
+        let w = v.get(at..at + 4).ok_or_else(|| bad("array", "truncated"))?;
+        Ok(i32::from_be_bytes(be(w, "array")?))
     };
     let ndim = word(0)?.max(0) as usize;
     let mut count: usize = if ndim == 0 { 0 } else { 1 };
