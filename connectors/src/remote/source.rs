@@ -456,12 +456,15 @@ async fn mysql_statement_timeout(
 }
 
 /// The runtime all remote I/O runs on: pools and their sockets live here, whatever runtime
-/// DataFusion or Ballista calls from.
+/// DataFusion or Ballista calls from. Splits decode their rows here too (PostgreSQL's COPY
+/// stream, MySQL's text rows), so it has a thread per core, as DataFusion's does: with a
+/// fixed two, an executor of many cores decoded its splits two at a time.
 pub fn runtime() -> &'static tokio::runtime::Runtime {
     static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RUNTIME.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(cores.max(2))
             .thread_name("basin-remote")
             .enable_all()
             .build()
