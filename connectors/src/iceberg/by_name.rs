@@ -284,6 +284,14 @@ struct DataFile {
     location: String,
 }
 
+impl std::fmt::Debug for DataFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataFile")
+            .field("location", &self.location)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Opens planned files in their stores, checking each file's field ids.
 #[derive(Debug)]
 struct Files {
@@ -408,14 +416,6 @@ fn check_field_ids(
         }
     }
     Ok(())
-}
-
-impl std::fmt::Debug for DataFile {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DataFile")
-            .field("location", &self.location)
-            .finish_non_exhaustive()
-    }
 }
 
 #[cfg(test)]

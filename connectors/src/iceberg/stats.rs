@@ -16,6 +16,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
 use datafusion::common::stats::Precision;
 use datafusion::common::{ColumnStatistics, ScalarValue};
+use futures::StreamExt;
 use iceberg::spec::{
     DataContentType, Datum, ManifestContentType, ManifestFile, ManifestList, PrimitiveLiteral,
     PrimitiveType, Schema, TableMetadata,
@@ -39,6 +40,8 @@ type Cache<V> = LazyLock<Mutex<HashMap<String, V>>>;
 static MANIFEST_LISTS: Cache<Arc<Vec<Arc<ManifestMetrics>>>> = LazyLock::new(Mutex::default);
 static MANIFESTS: Cache<Arc<ManifestMetrics>> = LazyLock::new(Mutex::default);
 const CACHED: usize = 512;
+/// Manifests read at once when a snapshot is first planned.
+const MANIFEST_READS: usize = 8;
 
 fn cached<V: Clone>(cache: &Cache<V>, path: &str) -> Option<V> {
     cache
@@ -124,13 +127,18 @@ async fn snapshot_metrics(
     }
     let bytes = table.file_io().new_input(path).ok()?.read().await.ok()?;
     let list = ManifestList::parse_with_version(&bytes, metadata.format_version()).ok()?;
-    let mut manifests = Vec::new();
-    for manifest in list.entries() {
-        if manifest.content == ManifestContentType::Data {
-            manifests.push(manifest_metrics(table, manifest).await?);
-        }
-    }
-    let manifests = Arc::new(manifests);
+    // A new snapshot's manifests are read a few at a time, not one after another.
+    let reads: Vec<_> = list
+        .entries()
+        .iter()
+        .filter(|m| m.content == ManifestContentType::Data)
+        .map(|manifest| manifest_metrics(table, manifest))
+        .collect();
+    let loaded: Vec<_> = futures::stream::iter(reads)
+        .buffered(MANIFEST_READS)
+        .collect()
+        .await;
+    let manifests = Arc::new(loaded.into_iter().collect::<Option<Vec<_>>>()?);
     keep(&MANIFEST_LISTS, path, manifests.clone());
     Some(manifests)
 }

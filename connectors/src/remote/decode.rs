@@ -517,7 +517,9 @@ impl Columns {
         )?)
     }
 
-    /// Appends one PostgreSQL binary-format value (`None` = NULL) to column `i`.
+    /// Appends one PostgreSQL binary-format value (`None` = NULL) to column `i` (COPY rows
+    /// decode straight into the builders, `parse_rows`).
+    #[cfg(test)]
     pub fn push_pg(&mut self, i: usize, value: Option<&[u8]>) -> Result<()> {
         push_pg(&mut self.builders[i], value)
     }
