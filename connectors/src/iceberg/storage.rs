@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -40,9 +40,18 @@ impl StorageFactory for BasinStorageFactory {
 #[derive(Clone, Serialize, Deserialize)]
 pub struct BasinStorage {
     props: HashMap<String, String>,
-    #[serde(skip)]
-    stores: Arc<Mutex<HashMap<String, Arc<dyn ObjectStore>>>>,
 }
+
+/// A store: the storage properties (sorted) and `scheme://bucket`.
+type StoreKey = (Vec<(String, String)>, String);
+
+/// The stores of the whole process. Every scan partition and table write builds a
+/// `BasinStorage` of its own (from the plan), so stores kept per instance meant a new S3
+/// client, with new connections, for every partition of every query.
+static STORES: LazyLock<Mutex<HashMap<StoreKey, Arc<dyn ObjectStore>>>> =
+    LazyLock::new(Mutex::default);
+/// Stores kept before the cache starts again (properties change with rotated credentials).
+const STORES_KEPT: usize = 64;
 
 impl std::fmt::Debug for BasinStorage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -53,10 +62,7 @@ impl std::fmt::Debug for BasinStorage {
 
 impl BasinStorage {
     pub fn new(props: HashMap<String, String>) -> Self {
-        Self {
-            props,
-            stores: Arc::default(),
-        }
+        Self { props }
     }
 
     /// The store and the object path for a location.
@@ -99,8 +105,14 @@ impl BasinStorage {
     }
 
     fn store(&self, scheme: &str, bucket: &str, location: &str) -> Result<Arc<dyn ObjectStore>> {
-        let key = format!("{scheme}://{bucket}");
-        let mut stores = self.stores.lock().expect("store cache lock");
+        let mut props: Vec<(String, String)> = self
+            .props
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        props.sort();
+        let key = (props, format!("{scheme}://{bucket}"));
+        let mut stores = STORES.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(store) = stores.get(&key) {
             return Ok(store.clone());
         }
@@ -114,6 +126,9 @@ impl BasinStorage {
                 )
             })?)
         };
+        if stores.len() >= STORES_KEPT {
+            stores.clear();
+        }
         stores.insert(key, store.clone());
         Ok(store)
     }
