@@ -198,11 +198,13 @@ fn main() -> ExitCode {
     // Quiet runs print Basin's own errors. Ballista logs an executor-registration race
     // (its executor registers before its gRPC server listens; Basin retries it) and task
     // failures (which reach the user as the query's error) at ERROR: not for the terminal.
-    init_logging(if quiet {
+    if let Err(e) = init_logging(if quiet {
         "error,ballista_executor::executor_server=off,ballista_scheduler::scheduler_server::grpc=off"
     } else {
         "info"
-    });
+    }) {
+        return fail(&e);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_stack_size(16 * 1024 * 1024)
@@ -228,14 +230,46 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(default: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("BASIN_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
+/// Logs go to stderr at `BASIN_LOG` (else `default`). With `BASIN_LOG_FILE`, they are also
+/// appended to that file at `BASIN_LOG` (else info): a quiet `-e` run keeps its progress there.
+fn init_logging(default: &str) -> Result<(), String> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{EnvFilter, Layer, fmt};
+    let level = |default: &str| {
+        EnvFilter::try_from_env("BASIN_LOG").unwrap_or_else(|_| EnvFilter::new(default))
+    };
+    let file = match std::env::var_os("BASIN_LOG_FILE") {
+        Some(path) => {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .map_err(|e| {
+                    format!(
+                        "cannot open the log file {} (BASIN_LOG_FILE): {e}",
+                        PathBuf::from(&path).display()
+                    )
+                })?;
+            Some(
+                fmt::layer()
+                    .with_writer(std::sync::Mutex::new(file))
+                    .with_ansi(false)
+                    .with_filter(level("info")),
+            )
+        }
+        None => None,
+    };
+    let _ = tracing_subscriber::registry()
+        .with(
+            fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(false)
+                .with_filter(level(default)),
+        )
+        .with(file)
         .try_init();
+    Ok(())
 }
 
 fn fail(message: &str) -> ExitCode {

@@ -73,11 +73,22 @@ impl sqllogictest::AsyncDB for BasinDb {
 
     async fn run(&mut self, sql: &str) -> Result<DBOutput<BasinColumnType>, EngineError> {
         let mut last = None;
-        run_sql(&self.ctx, sql, &mut |r| {
+        // A statement that hangs fails its record (and the run goes on) instead of holding
+        // the whole suite until CI's own limit.
+        let limit = statement_deadline();
+        let mut keep = |r| {
             last = Some(r);
             Ok(())
-        })
-        .await?;
+        };
+        match tokio::time::timeout(limit, run_sql(&self.ctx, sql, &mut keep)).await {
+            Ok(done) => done?,
+            Err(_) => {
+                return Err(EngineError(DataFusionError::Execution(format!(
+                    "the statement did not finish within {limit:?} \
+                     (BASIN_TEST_DEADLINE_SECS)"
+                ))));
+            }
+        }
         let Some(result) = last else {
             return Ok(DBOutput::StatementComplete(0));
         };
@@ -202,6 +213,15 @@ pub fn normalize_number(s: &str) -> String {
 
 fn decimals(s: &str) -> usize {
     s.split_once('.').map(|(_, d)| d.len()).unwrap_or(0)
+}
+
+/// How long one statement may run (`BASIN_TEST_DEADLINE_SECS`, default 300 s).
+fn statement_deadline() -> Duration {
+    let secs = std::env::var("BASIN_TEST_DEADLINE_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    Duration::from_secs(secs)
 }
 
 #[cfg(test)]

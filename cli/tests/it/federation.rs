@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use crate::{in_ci, scratch_dir, stderr, stdout};
+use crate::{RunWithin, in_ci, scratch_dir, stderr, stdout};
 
 struct Servers {
     pg_url: String,
@@ -177,8 +177,7 @@ impl Fixture {
         }
         cmd.env_remove("BASIN_CONFIG")
             .env("BASIN_DATA_DIR", self.dir.join("data"))
-            .output()
-            .expect("run basin")
+            .run_within()
     }
 
     fn ok(&self, sql: &str) -> String {
@@ -664,8 +663,7 @@ fn postgres_type_matrix() {
             &format!("SELECT ai, at FROM pg.{n}.t ORDER BY i2 NULLS LAST"),
         ])
         .env("BASIN_DATA_DIR", f.dir.join("data"))
-        .output()
-        .unwrap();
+        .run_within();
     let json = stdout(&out);
     assert!(
         json.contains("[1,null,3]") && json.contains("[\"x\",\"y\"]"),
@@ -783,8 +781,7 @@ impl Cluster {
                 "-e",
                 sql,
             ])
-            .output()
-            .expect("run basin sql")
+            .run_within()
     }
 }
 
@@ -1024,8 +1021,7 @@ fn unreachable_source_and_unknown_table_are_clear_errors() {
         .arg(&config)
         .args(["-e", "SELECT * FROM pg.public.t"])
         .env("BASIN_DATA_DIR", dir.join("data"))
-        .output()
-        .unwrap();
+        .run_within();
     assert!(!out.status.success());
     let e = stderr(&out);
     // The connection's failure, not "table not found"; never the password.

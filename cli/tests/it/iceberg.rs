@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use crate::{scratch_dir, stderr, stdout};
+use crate::{RunWithin, scratch_dir, stderr, stdout};
 
 /// Runs `basin standalone --format csv` on a data directory that outlives the call.
 fn lake(data: &Path, sql: &str, envs: &[(&str, &str)]) -> Output {
@@ -16,7 +16,7 @@ fn lake(data: &Path, sql: &str, envs: &[(&str, &str)]) -> Output {
     for (k, v) in envs {
         cmd.env(k, v);
     }
-    cmd.output().expect("run basin")
+    cmd.run_within()
 }
 
 fn ok(data: &Path, sql: &str) -> String {
@@ -351,8 +351,7 @@ fn unreachable_rest_catalog_is_a_clear_error() {
         .args(["standalone", "--config", config.to_str().unwrap()])
         .args(["-e", "SELECT * FROM remote.s.t"])
         .env("BASIN_DATA_DIR", &data)
-        .output()
-        .unwrap();
+        .run_within();
     assert!(!out.status.success());
     let e = stderr(&out);
     assert!(e.contains("remote.s") || e.contains("remote"), "{e}");

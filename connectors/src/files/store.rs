@@ -33,7 +33,9 @@ impl BasinObjectStoreRegistry {
             Some(c) => (c.clone(), AmazonS3Builder::new()),
             None => (S3Config::default(), AmazonS3Builder::from_env()),
         };
-        let mut builder = builder.with_bucket_name(bucket);
+        let mut builder = builder
+            .with_http_connector(crate::io_connector())
+            .with_bucket_name(bucket);
         builder = builder.with_region(config.region.as_deref().unwrap_or("us-east-1"));
         if let Some(endpoint) = &config.endpoint {
             let allow_http = config

@@ -135,11 +135,14 @@ impl BasinStorage {
 
     fn build_s3(&self, bucket: &str) -> object_store::Result<object_store::aws::AmazonS3> {
         let get = |k: &str| self.props.get(k).map(String::as_str);
-        let mut builder = AmazonS3Builder::new().with_bucket_name(bucket).with_region(
-            get(S3_REGION)
-                .or(get("client.region"))
-                .unwrap_or("us-east-1"),
-        );
+        let mut builder = AmazonS3Builder::new()
+            .with_http_connector(crate::io_connector())
+            .with_bucket_name(bucket)
+            .with_region(
+                get(S3_REGION)
+                    .or(get("client.region"))
+                    .unwrap_or("us-east-1"),
+            );
         if let Some(endpoint) = get(S3_ENDPOINT) {
             builder = builder
                 .with_endpoint(endpoint)

@@ -31,7 +31,7 @@ use sqlx::{Executor, Row};
 
 use super::decode::{Columns, CopyParser};
 use super::pgwire;
-use super::source::{Dialect, Pool, RemoteSource, runtime, source};
+use super::source::{Dialect, Pool, RemoteSource, source};
 use super::sql::{quote_ident, quote_literal};
 use super::types::postgres_wire_type;
 
@@ -158,7 +158,7 @@ struct SnapshotHolder(Mutex<Option<sqlx::PgConnection>>);
 impl Drop for SnapshotHolder {
     fn drop(&mut self) {
         if let Some(conn) = self.0.lock().ok().and_then(|mut c| c.take()) {
-            runtime().spawn(async move {
+            crate::io_runtime().spawn(async move {
                 use sqlx::Connection;
                 let _ = conn.close().await;
             });
@@ -315,7 +315,7 @@ impl ExecutionPlan for RemoteScanExec {
         let schema = self.schema.clone();
         let snapshot = self.spec.snapshot.clone();
         let task_source = source.clone();
-        runtime().spawn(async move {
+        crate::io_runtime().spawn(async move {
             let result = match task_source.dialect {
                 Dialect::Postgres => {
                     run_postgres(&task_source, &statement, snapshot, schema, batch_size, &tx).await

@@ -275,7 +275,7 @@ impl RemoteSource {
         T: Send + 'static,
         Fut: Future<Output = Result<T>> + Send + 'static,
     {
-        match runtime().spawn(fut).await {
+        match crate::io_runtime().spawn(fut).await {
             Ok(r) => r,
             Err(e) => Err(DataFusionError::Execution(format!(
                 "source `{}`: task failed: {e}",
@@ -292,7 +292,7 @@ impl RemoteSource {
         Fut: Future<Output = Result<T>> + Send + 'static,
     {
         let (tx, rx) = std::sync::mpsc::channel();
-        runtime().spawn(async move {
+        crate::io_runtime().spawn(async move {
             let _ = tx.send(fut.await);
         });
         rx.recv().map_err(|_| {
@@ -455,23 +455,6 @@ async fn mysql_statement_timeout(
     Ok(())
 }
 
-/// The runtime all remote I/O runs on: pools and their sockets live here, whatever runtime
-/// DataFusion or Ballista calls from. Splits decode their rows here too (PostgreSQL's COPY
-/// stream, MySQL's text rows), so it has a thread per core, as DataFusion's does: with a
-/// fixed two, an executor of many cores decoded its splits two at a time.
-pub fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(cores.max(2))
-            .thread_name("basin-remote")
-            .enable_all()
-            .build()
-            .expect("start the connector runtime")
-    })
-}
-
 type Registry = Mutex<HashMap<String, Arc<RemoteSource>>>;
 
 fn registry() -> &'static Registry {
@@ -496,7 +479,7 @@ pub fn register_sources(config: &BasinConfig) -> Result<()> {
         {
             continue;
         }
-        let _guard = runtime().enter();
+        let _guard = crate::io_runtime().enter();
         let source = Arc::new(RemoteSource::new(name, dialect, options)?);
         sources.insert(name.clone(), source);
     }
