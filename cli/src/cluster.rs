@@ -76,9 +76,9 @@ impl StandaloneCluster {
 
     /// Waits until every executor registered; an executor that fails first fails the start
     /// with its reason instead of a timeout. One whose servers stopped without an error
-    /// before it registered most likely lost a reserved port to another process between
-    /// reserving and binding it (Ballista binds its ports itself): it is started again on new
-    /// ports, a few times.
+    /// while starting most likely lost its gRPC port to another process between reserving
+    /// and binding it (Ballista binds that port itself): it is started again on new ports, a
+    /// few times.
     async fn wait_for_executors(&mut self, timeout: Duration) -> Result<()> {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut restarts = 0;
@@ -99,8 +99,10 @@ impl StandaloneCluster {
                     restarts += 1;
                     tracing::warn!(
                         executor = i,
-                        "executor stopped before registering; starting it again on new ports"
+                        "executor stopped while starting; starting it again on new ports"
                     );
+                    // Its stop marked every executor of this process as shutting down.
+                    basin_executor::clear_shutting_down();
                     self.executors[i] = spawn_executor(
                         &self.config,
                         &self.scheduler,

@@ -14,6 +14,7 @@
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;
@@ -40,6 +41,7 @@ use datafusion_proto::protobuf::PhysicalPlanNode;
 use futures::{Stream, TryStreamExt};
 
 use crate::engine::{TaskLog, TaskRecord};
+use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
 type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -210,8 +212,14 @@ impl FlightService for ExecutorFlight {
     }
 }
 
-/// Starts [`ExecutorFlight`] where Ballista would start its own Flight service.
-pub(crate) fn provider(stages: StageRuntime) -> Arc<ArrowFlightServerProvider> {
+/// Starts [`ExecutorFlight`] where Ballista would start its own Flight service, on
+/// `listener` (bound since the port was chosen, so no other process can take it meanwhile)
+/// when Ballista asks for its address, else on a new one.
+pub(crate) fn provider(
+    stages: StageRuntime,
+    listener: std::net::TcpListener,
+) -> Arc<ArrowFlightServerProvider> {
+    let listener = std::sync::Mutex::new(Some(listener));
     Arc::new(
         move |work_dir: String,
               address: SocketAddr,
@@ -221,16 +229,33 @@ pub(crate) fn provider(stages: StageRuntime) -> Arc<ArrowFlightServerProvider> {
                 shuffle: BallistaFlightService::new(work_dir),
                 stages: stages.clone(),
             };
+            let reserved = listener
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+                .filter(|l| l.local_addr().is_ok_and(|a| a.port() == address.port()));
             tokio::spawn(async move {
-                create_grpc_server(&grpc)
-                    .add_service(
-                        FlightServiceServer::new(service)
-                            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                            .max_encoding_message_size(MAX_MESSAGE_BYTES),
-                    )
-                    .serve_with_shutdown(address, async move { shutdown.recv().await })
-                    .await
-                    .map_err(BallistaError::TonicError)
+                let server = create_grpc_server(&grpc).add_service(
+                    FlightServiceServer::new(service)
+                        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                        .max_encoding_message_size(MAX_MESSAGE_BYTES),
+                );
+                let stop = async move { shutdown.recv().await };
+                let served = match reserved {
+                    Some(listener) => {
+                        // What create_grpc_server sets for the sockets it accepts itself.
+                        let incoming = listener
+                            .set_nonblocking(true)
+                            .and_then(|()| tokio::net::TcpListener::from_std(listener))
+                            .map_err(|e| BallistaError::General(e.to_string()))?;
+                        let incoming = TcpIncoming::from(incoming)
+                            .with_nodelay(Some(true))
+                            .with_keepalive(Some(Duration::from_secs(grpc.tcp_keepalive_seconds)));
+                        server.serve_with_incoming_shutdown(incoming, stop).await
+                    }
+                    None => server.serve_with_shutdown(address, stop).await,
+                };
+                served.map_err(BallistaError::TonicError)
             })
         },
     )

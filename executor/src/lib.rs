@@ -20,7 +20,7 @@ use ballista_core::{ConfigProducer, RuntimeProducer};
 use ballista_executor::executor_process::{ExecutorProcessConfig, start_executor_process};
 use basin_connectors::catalogs::runtime_env;
 use basin_connectors::codec::{logical_codec, physical_codec};
-use basin_core::net::reserve_port;
+use basin_core::net::{reserve_listener, reserve_port};
 use basin_core::{BasinConfig, BasinError, Result};
 use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
@@ -86,18 +86,13 @@ pub fn effective_task_slots(configured: usize) -> usize {
 
 /// Runs an executor until it is stopped (Ctrl-C, SIGTERM or the scheduler).
 pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<()> {
-    let flight = reserve_port(
+    // The Flight service serves on this listener: its port stays bound from here on.
+    let flight_listener = reserve_listener(
         &options.bind_host,
         options.flight_port,
         "executor Flight service",
-    )?
-    .port();
-    let grpc = reserve_port(
-        &options.bind_host,
-        options.grpc_port,
-        "executor gRPC service",
-    )?
-    .port();
+    )?;
+    let flight = flight_listener.local_addr()?.port();
     let work_dir = match &options.work_dir {
         Some(dir) => dir.clone(),
         None => config
@@ -126,16 +121,27 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
     let config_producer: ConfigProducer = basin_config_producer();
     let functions = Arc::new(function_registry());
     let name = format!("{}:{flight}", options.external_host);
-    let flight_service = flight::provider(flight::StageRuntime {
-        runtime: runtime_producer.clone(),
-        config: config_producer.clone(),
-        functions: functions.clone(),
-        codec: physical_codec(),
-        name: name.clone(),
-        log: options.task_log.clone(),
-    });
+    let flight_service = flight::provider(
+        flight::StageRuntime {
+            runtime: runtime_producer.clone(),
+            config: config_producer.clone(),
+            functions: functions.clone(),
+            codec: physical_codec(),
+            name: name.clone(),
+            log: options.task_log.clone(),
+        },
+        flight_listener,
+    );
 
     let slots = effective_task_slots(options.task_slots);
+    wait_for_scheduler(&options).await?;
+    // Ballista binds this port itself: it is chosen as late as possible.
+    let grpc = reserve_port(
+        &options.bind_host,
+        options.grpc_port,
+        "executor gRPC service",
+    )?
+    .port();
     let process_config = ExecutorProcessConfig {
         bind_host: options.bind_host.clone(),
         external_host: Some(options.external_host.clone()),
@@ -170,7 +176,6 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
         work_dir = %work_dir.display(),
         "Basin executor starting"
     );
-    wait_for_scheduler(&options).await?;
     let process_config = Arc::new(process_config);
     // Ballista 53 registers with the scheduler right after spawning the executor's gRPC
     // server, and the scheduler immediately connects back: when the server is not yet
@@ -200,6 +205,18 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
             }
         }
     }
+}
+
+/// Lets the executors of this process take tasks again after one of them stopped.
+///
+/// Ballista 53 keeps "this executor is shutting down" in one process-wide flag
+/// (`executor_server::TERMINATING`) and sets it when any executor of the process stops: from
+/// then on every executor of the process says so in its heartbeats, the scheduler drops them,
+/// and queries wait for executors forever. A standalone cluster that starts a stopped
+/// executor again clears the flag first.
+pub fn clear_shutting_down() {
+    ballista_executor::executor_server::TERMINATING
+        .store(false, std::sync::atomic::Ordering::Release);
 }
 
 /// Waits up to `connect_timeout_seconds` for the scheduler's port to accept connections.

@@ -3,6 +3,7 @@
 //! Ballista jobs on the cluster.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use ballista_core::extension::{SessionConfigExt, SessionStateExt};
@@ -350,6 +351,9 @@ fn writes_memory_table(plan: &LogicalPlan) -> bool {
     }
 }
 
+/// How long a query waits for an executor to take its work before it fails.
+const EXECUTOR_PATIENCE: Duration = Duration::from_secs(30);
+
 #[async_trait]
 impl QueryPlanner for BasinQueryPlanner {
     async fn create_physical_plan(
@@ -357,12 +361,21 @@ impl QueryPlanner for BasinQueryPlanner {
         logical_plan: &LogicalPlan,
         session_state: &SessionState,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        let local = writes_memory_table(logical_plan)
+            || matches!(logical_plan, LogicalPlan::DescribeTable(_));
+        if let Some(cluster) = &self.cluster
+            && !local
+            && !matches!(logical_plan, LogicalPlan::Explain(_))
+        {
+            cluster
+                .wait_for_active_executors(EXECUTOR_PATIENCE)
+                .await
+                .map_err(DataFusionError::Execution)?;
+        }
         if let Some(plan) = self.plan_iceberg(logical_plan, session_state).await? {
             return Ok(plan);
         }
-        if writes_memory_table(logical_plan)
-            || matches!(logical_plan, LogicalPlan::DescribeTable(_))
-        {
+        if local {
             self.local
                 .create_physical_plan(logical_plan, session_state)
                 .await

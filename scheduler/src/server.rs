@@ -96,6 +96,32 @@ impl ClusterView {
             .collect()
     }
 
+    /// The executors that take work now, waiting up to `patience` for one to (re)appear:
+    /// a query planned with none would wait in Ballista's queue with no end. The error
+    /// says how many are registered.
+    pub async fn wait_for_active_executors(
+        &self,
+        patience: Duration,
+    ) -> std::result::Result<Vec<ExecutorInfo>, String> {
+        let deadline = tokio::time::Instant::now() + patience;
+        loop {
+            let active = self.active_executors().await;
+            if !active.is_empty() {
+                return Ok(active);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let registered = self.executors(false).await.len();
+                return Err(format!(
+                    "no executor is taking work ({registered} registered with the scheduler, \
+                     none of them active) after waiting {patience:?}: start executors with \
+                     `basin executor --scheduler HOST:PORT`, or see their logs for why they \
+                     stopped"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Cancels the running jobs named `name`; returns how many.
     pub async fn cancel_jobs_named(&self, name: &str) -> usize {
         // The cache of active jobs: listing all jobs fails as soon as one finished job's
