@@ -337,23 +337,35 @@ async fn standalone(args: StandaloneArgs) -> Result<(), String> {
         return wait_for_shutdown().await;
     }
     let ctx = cluster.connect().map_err(|e| e.to_string())?;
-    for (origin, sql) in scripts {
-        run_sql(&ctx, &sql, &mut |result| {
-            let mut out = std::io::stdout().lock();
-            write_result(&mut out, &result, args.script.format)?;
-            out.flush()
-                .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))
-        })
-        .await
-        .map_err(|e| {
-            if origin == "-e" {
-                e.to_string()
-            } else {
-                format!("{origin}: {e}")
-            }
-        })?;
+    let run = async {
+        for (origin, sql) in scripts {
+            run_sql(&ctx, &sql, &mut |result| {
+                let mut out = std::io::stdout().lock();
+                write_result(&mut out, &result, args.script.format)?;
+                out.flush()
+                    .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))
+            })
+            .await
+            .map_err(|e| {
+                if origin == "-e" {
+                    e.to_string()
+                } else {
+                    format!("{origin}: {e}")
+                }
+            })?;
+        }
+        Ok(())
+    };
+    // The in-process executors (Ballista) take Ctrl-C and SIGTERM for themselves and stop:
+    // without this the statement would then wait for them forever.
+    tokio::select! {
+        done = run => done,
+        stop = wait_for_shutdown() => stop.and(Err(
+            "interrupted (Ctrl-C or SIGTERM): the running statement was stopped; a write \
+             either committed before it or left the table unchanged"
+                .to_string(),
+        )),
     }
-    Ok(())
 }
 
 async fn scheduler(args: SchedulerArgs) -> Result<(), String> {
