@@ -1,13 +1,14 @@
 //! A whole Basin cluster in one process: a scheduler and N executors that talk over
 //! loopback gRPC and Flight exactly as separate processes do.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use basin_core::{BasinConfig, BasinError, Result};
 use basin_executor::{ExecutorOptions, TaskLog, effective_task_slots};
-use basin_scheduler::{SchedulerHandle, SchedulerOptions};
+use basin_scheduler::{ClusterView, SchedulerHandle, SchedulerOptions};
 use datafusion::prelude::SessionContext;
 use tokio::task::JoinHandle;
 
@@ -33,7 +34,10 @@ impl Default for StandaloneOptions {
 pub struct StandaloneCluster {
     config: Arc<BasinConfig>,
     scheduler: SchedulerHandle,
+    /// The executors while the cluster starts; then the supervisor's.
     executors: Vec<JoinHandle<Result<()>>>,
+    /// Starts an executor that stopped again (see [`supervise`]).
+    supervisor: Option<JoinHandle<()>>,
     task_log: TaskLog,
     task_slots: usize,
     work_root: PathBuf,
@@ -60,17 +64,27 @@ impl StandaloneCluster {
         ));
         let task_log = TaskLog::default();
         let executors = (0..options.executors)
-            .map(|i| spawn_executor(&config, &scheduler, i, &work_root, &task_log))
+            .map(|i| spawn_executor(&config, scheduler.addr, i, &work_root, &task_log))
             .collect();
         let mut cluster = Self {
             task_slots: options.executors * effective_task_slots(config.server.executor_task_slots),
             config,
             scheduler,
             executors,
+            supervisor: None,
             task_log,
             work_root,
         };
         cluster.wait_for_executors(Duration::from_secs(60)).await?;
+        let start = Restart {
+            config: cluster.config.clone(),
+            scheduler: cluster.scheduler.addr,
+            cluster: cluster.scheduler.cluster_view(),
+            work_root: cluster.work_root.clone(),
+            task_log: cluster.task_log.clone(),
+        };
+        let executors = std::mem::take(&mut cluster.executors);
+        cluster.supervisor = Some(tokio::spawn(supervise(executors, start)));
         Ok(cluster)
     }
 
@@ -105,7 +119,7 @@ impl StandaloneCluster {
                     basin_executor::clear_shutting_down();
                     self.executors[i] = spawn_executor(
                         &self.config,
-                        &self.scheduler,
+                        self.scheduler.addr,
                         i,
                         &self.work_root,
                         &self.task_log,
@@ -155,6 +169,9 @@ impl StandaloneCluster {
 
 impl Drop for StandaloneCluster {
     fn drop(&mut self) {
+        if let Some(supervisor) = &self.supervisor {
+            supervisor.abort();
+        }
         for e in &self.executors {
             e.abort();
         }
@@ -167,19 +184,101 @@ impl Drop for StandaloneCluster {
     }
 }
 
+/// What starting an executor of the cluster again takes.
+struct Restart {
+    config: Arc<BasinConfig>,
+    scheduler: SocketAddr,
+    cluster: ClusterView,
+    work_root: PathBuf,
+    task_log: TaskLog,
+}
+
+/// Executors stop on their own when a server of theirs fails, or when the scheduler gave
+/// them up (no heartbeat for `executor_timeout_seconds`, e.g. on a starved machine). Each is
+/// started again, at most [`RESTARTS`] times per executor; its running tasks fail or are
+/// given to the others by the scheduler. Dropping this future stops the executors.
+async fn supervise(executors: Vec<JoinHandle<Result<()>>>, start: Restart) {
+    /// Aborts the executors when the supervisor is dropped (the cluster stops).
+    struct Executors(Vec<JoinHandle<Result<()>>>);
+    impl Drop for Executors {
+        fn drop(&mut self) {
+            for e in &self.0 {
+                e.abort();
+            }
+        }
+    }
+    let mut executors = Executors(executors);
+    let mut restarts = vec![0; executors.0.len()];
+    let mut running = executors.0.len();
+    // Ctrl-C and SIGTERM stop the executors too (Ballista's own handlers): the process is
+    // stopping, nothing is started again.
+    let mut signalled = std::pin::pin!(signalled());
+    while running > 0 {
+        let (outcome, i, _) = tokio::select! {
+            stopped = futures::future::select_all(executors.0.iter_mut()) => stopped,
+            () = &mut signalled => return,
+        };
+        let reason = match outcome {
+            Ok(Ok(())) => "it stopped".to_string(),
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => format!("it panicked or was cancelled: {e}"),
+        };
+        if restarts[i] >= RESTARTS {
+            tracing::error!(executor = i, %reason, "executor stopped; not starting it again");
+            // A handle that never finishes takes its place in the select.
+            executors.0[i] = tokio::spawn(futures::future::pending::<Result<()>>());
+            running -= 1;
+            continue;
+        }
+        restarts[i] += 1;
+        tracing::warn!(executor = i, %reason, "executor stopped; starting it again");
+        // Its stop marked every executor of this process as shutting down.
+        basin_executor::clear_shutting_down();
+        // The scheduler may still count on it (when it was not the one that stopped it).
+        start.cluster.forget_stopped_executors().await;
+        executors.0[i] = spawn_executor(
+            &start.config,
+            start.scheduler,
+            i,
+            &start.work_root,
+            &start.task_log,
+        );
+    }
+}
+
+/// Ctrl-C or SIGTERM (never, where they cannot be watched).
+async fn signalled() {
+    #[cfg(unix)]
+    let term = async {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(_) => futures::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = futures::future::pending::<()>();
+    tokio::select! {
+        Ok(()) = tokio::signal::ctrl_c() => {},
+        () = term => {},
+    }
+}
+
+/// Times one executor of a standalone cluster is started again after it stopped.
+const RESTARTS: usize = 10;
+
 /// Starts executor `i` of a standalone cluster (its own free ports, its work directory).
 fn spawn_executor(
     config: &Arc<BasinConfig>,
-    scheduler: &SchedulerHandle,
+    scheduler: SocketAddr,
     i: usize,
     work_root: &Path,
     task_log: &TaskLog,
 ) -> JoinHandle<Result<()>> {
-    let mut executor_options = ExecutorOptions::new(
-        config,
-        &scheduler.addr.ip().to_string(),
-        scheduler.addr.port(),
-    );
+    let mut executor_options =
+        ExecutorOptions::new(config, &scheduler.ip().to_string(), scheduler.port());
     executor_options.work_dir = Some(work_root.join(format!("executor-{i}")));
     executor_options.task_log = Some(task_log.clone());
     let config = config.clone();
@@ -190,4 +289,67 @@ fn spawn_executor(
         }
         outcome
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn count_nations(cluster: &StandaloneCluster) -> String {
+        let ctx = cluster.connect().unwrap();
+        let batches = ctx
+            .sql("SELECT count(*) AS n FROM tpch.tiny.nation")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+            .unwrap()
+            .to_string()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_executor_that_stops_is_started_again_and_queries_go_on() {
+        let data = std::env::temp_dir().join(format!("basin-cluster-test-{}", std::process::id()));
+        let mut config = BasinConfig::embedded();
+        config.server.data_dir = data.clone();
+        let cluster = StandaloneCluster::start(Arc::new(config), StandaloneOptions::default())
+            .await
+            .unwrap();
+        assert!(count_nations(&cluster).await.contains("| 25 |"));
+        let view = cluster.scheduler().cluster_view();
+        let before: Vec<String> = view
+            .active_executors()
+            .await
+            .into_iter()
+            .map(|e| e.id)
+            .collect();
+        assert_eq!(before.len(), 2);
+        // As the scheduler does with an executor it gave up; Ballista then also marks the
+        // other executor of this process as shutting down.
+        view.stop_executor(&before[0], "test").await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let now: Vec<String> = view
+                .active_executors()
+                .await
+                .into_iter()
+                .map(|e| e.id)
+                .collect();
+            if now.len() == 2 && !now.contains(&before[0]) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "executors now: {now:?}, before: {before:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Else the executors' next heartbeats would take them all out of scheduling.
+        assert!(!basin_executor::shutting_down());
+        assert!(count_nations(&cluster).await.contains("| 25 |"));
+        drop(cluster);
+        let _ = std::fs::remove_dir_all(&data);
+    }
 }

@@ -1,6 +1,7 @@
 //! An execution engine that runs tasks with Ballista's default engine and records each one.
 
 use std::fmt;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -8,11 +9,12 @@ use ballista_core::serde::protobuf::ShuffleWritePartition;
 use ballista_executor::execution_engine::{
     DefaultExecutionEngine, ExecutionEngine, QueryStageExecutor,
 };
-use datafusion::error::Result;
+use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::metrics::MetricsSet;
 use datafusion::prelude::SessionConfig;
+use futures::FutureExt;
 
 /// One task an executor ran.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,11 +124,23 @@ impl QueryStageExecutor for LoggedStage {
         input_partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<Vec<ShuffleWritePartition>> {
-        let result = self
-            .inner
-            .execute_query_stage(input_partition, context)
-            .await;
         let r = &self.record;
+        // A task that panics would never report its status: Ballista's job would wait for
+        // it forever. It fails with the panic's message instead.
+        let result = AssertUnwindSafe(self.inner.execute_query_stage(input_partition, context))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "no message".to_string());
+                Err(DataFusionError::Execution(format!(
+                    "task {}/{}/{input_partition} on executor {} panicked: {message}",
+                    r.job_id, r.stage_id, r.executor
+                )))
+            });
         tracing::info!(
             target: "basin::task",
             executor = %r.executor,
@@ -147,5 +161,59 @@ impl QueryStageExecutor for LoggedStage {
 
     fn collect_plan_metrics(&self) -> Vec<MetricsSet> {
         self.inner.collect_plan_metrics()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Panics;
+
+    impl fmt::Display for Panics {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("Panics")
+        }
+    }
+
+    #[async_trait]
+    impl QueryStageExecutor for Panics {
+        async fn execute_query_stage(
+            &self,
+            _: usize,
+            _: Arc<TaskContext>,
+        ) -> Result<Vec<ShuffleWritePartition>> {
+            panic!("index out of bounds")
+        }
+
+        fn collect_plan_metrics(&self) -> Vec<MetricsSet> {
+            vec![]
+        }
+    }
+
+    #[tokio::test]
+    async fn a_task_that_panics_fails_with_the_message() {
+        let log = TaskLog::default();
+        let stage = LoggedStage {
+            record: TaskRecord {
+                executor: "e1".into(),
+                job_id: "j1".into(),
+                stage_id: 2,
+                partition: 0,
+            },
+            log: Some(log.clone()),
+            inner: Arc::new(Panics),
+        };
+        let e = stage
+            .execute_query_stage(3, Arc::new(TaskContext::default()))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("task j1/2/3 on executor e1 panicked: index out of bounds"),
+            "{e}"
+        );
+        assert_eq!(log.records().len(), 1);
     }
 }

@@ -219,6 +219,11 @@ pub fn clear_shutting_down() {
         .store(false, std::sync::atomic::Ordering::Release);
 }
 
+/// Whether Ballista's process-wide "shutting down" flag is set (see [`clear_shutting_down`]).
+pub fn shutting_down() -> bool {
+    ballista_executor::executor_server::TERMINATING.load(std::sync::atomic::Ordering::Acquire)
+}
+
 /// Waits up to `connect_timeout_seconds` for the scheduler's port to accept connections.
 async fn wait_for_scheduler(options: &ExecutorOptions) -> Result<()> {
     let addr = format!("{}:{}", options.scheduler_host, options.scheduler_port);

@@ -122,6 +122,40 @@ impl ClusterView {
         }
     }
 
+    /// Asks executor `id` to stop (its running tasks fail or go to the others).
+    pub async fn stop_executor(&self, id: &str, reason: &str) {
+        self.server
+            .state
+            .executor_manager
+            .stop_executor(id, reason.to_string())
+            .await;
+    }
+
+    /// Forgets registered executors that no longer listen on their Flight port (they stopped
+    /// without telling the scheduler, which would otherwise hand them work until their
+    /// heartbeats time out); returns how many.
+    pub async fn forget_stopped_executors(&self) -> usize {
+        let mut forgotten = 0;
+        for executor in self.executors(false).await {
+            let address = (executor.host.clone(), executor.port);
+            let probe = tokio::time::timeout(
+                Duration::from_secs(2),
+                tokio::net::TcpStream::connect(address),
+            )
+            .await;
+            if matches!(probe, Ok(Err(_))) {
+                let _ = self
+                    .server
+                    .state
+                    .executor_manager
+                    .remove_executor(&executor.id, Some("it stopped".to_string()))
+                    .await;
+                forgotten += 1;
+            }
+        }
+        forgotten
+    }
+
     /// Cancels the running jobs named `name`; returns how many.
     pub async fn cancel_jobs_named(&self, name: &str) -> usize {
         // The cache of active jobs: listing all jobs fails as soon as one finished job's
