@@ -17,6 +17,7 @@ use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use arrow_flight::decode::FlightRecordBatchStream;
 use arrow_flight::error::FlightError;
@@ -378,7 +379,12 @@ impl StreamedStageExec {
             // A partition streams up to gigabytes: frames of up to 1 MiB, not HTTP/2's
             // 16 KiB (64 per record batch). Windows stay hyper's (2 MiB per stream): they
             // bound what a slow client makes this process buffer per partition.
-            .max_frame_size(STREAM_FRAME_BYTES);
+            .max_frame_size(STREAM_FRAME_BYTES)
+            // An executor whose host vanished (no reset, no more packets) fails the query
+            // after a minute instead of holding it.
+            .connect_timeout(Duration::from_secs(10))
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_timeout(Duration::from_secs(30));
             let channel = endpoint
                 .connect()
                 .await
