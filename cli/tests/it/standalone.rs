@@ -410,3 +410,53 @@ fn port_in_use_is_reported() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains(&port), "{}", stderr(&out));
 }
+
+#[test]
+fn sigterm_stops_a_running_statement_with_an_error() {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let data = scratch_dir("sigterm");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_basin"))
+        .args([
+            "standalone",
+            "-e",
+            "SELECT sum(l_extendedprice * l_discount) FROM tpch.sf100.lineitem",
+        ])
+        .env_remove("BASIN_CONFIG")
+        .env("BASIN_DATA_DIR", &data)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run basin");
+    // The in-process executors take the signal for themselves; the statement must not then
+    // wait for them forever.
+    std::thread::sleep(Duration::from_secs(3));
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(killed.success());
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("basin standalone -e did not stop within 60 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("interrupted (Ctrl-C or SIGTERM)"), "{err}");
+    let _ = std::fs::remove_dir_all(&data);
+}
