@@ -115,8 +115,6 @@ impl StandaloneCluster {
                         executor = i,
                         "executor stopped while starting; starting it again on new ports"
                     );
-                    // Its stop marked every executor of this process as shutting down.
-                    basin_executor::clear_shutting_down();
                     self.executors[i] = spawn_executor(
                         &self.config,
                         self.scheduler.addr,
@@ -198,24 +196,30 @@ struct Restart {
 /// started again, at most [`RESTARTS`] times per executor; its running tasks fail or are
 /// given to the others by the scheduler. Dropping this future stops the executors.
 async fn supervise(executors: Vec<JoinHandle<Result<()>>>, start: Restart) {
-    /// Aborts the executors when the supervisor is dropped (the cluster stops).
-    struct Executors(Vec<JoinHandle<Result<()>>>);
+    /// The executors still supervised: (executor number, restarts so far, its task).
+    /// Dropping it (the cluster stops) aborts them.
+    struct Executors(Vec<(usize, usize, JoinHandle<Result<()>>)>);
     impl Drop for Executors {
         fn drop(&mut self) {
-            for e in &self.0 {
+            for (_, _, e) in &self.0 {
                 e.abort();
             }
         }
     }
-    let mut executors = Executors(executors);
-    let mut restarts = vec![0; executors.0.len()];
-    let mut running = executors.0.len();
+    let mut executors = Executors(
+        executors
+            .into_iter()
+            .enumerate()
+            .map(|(i, e)| (i, 0, e))
+            .collect(),
+    );
     // Ctrl-C and SIGTERM stop the executors too (Ballista's own handlers): the process is
     // stopping, nothing is started again.
     let mut signalled = std::pin::pin!(signalled());
-    while running > 0 {
-        let (outcome, i, _) = tokio::select! {
-            stopped = futures::future::select_all(executors.0.iter_mut()) => stopped,
+    while !executors.0.is_empty() {
+        let stopped = futures::future::select_all(executors.0.iter_mut().map(|(_, _, e)| e));
+        let (outcome, at, _) = tokio::select! {
+            stopped = stopped => stopped,
             () = &mut signalled => return,
         };
         let reason = match outcome {
@@ -223,26 +227,23 @@ async fn supervise(executors: Vec<JoinHandle<Result<()>>>, start: Restart) {
             Ok(Err(e)) => e.to_string(),
             Err(e) => format!("it panicked or was cancelled: {e}"),
         };
-        if restarts[i] >= RESTARTS {
+        let (i, restarts, _) = executors.0[at];
+        if restarts >= RESTARTS {
             tracing::error!(executor = i, %reason, "executor stopped; not starting it again");
-            // A handle that never finishes takes its place in the select.
-            executors.0[i] = tokio::spawn(futures::future::pending::<Result<()>>());
-            running -= 1;
+            drop(executors.0.swap_remove(at));
             continue;
         }
-        restarts[i] += 1;
         tracing::warn!(executor = i, %reason, "executor stopped; starting it again");
-        // Its stop marked every executor of this process as shutting down.
-        basin_executor::clear_shutting_down();
         // The scheduler may still count on it (when it was not the one that stopped it).
         start.cluster.forget_stopped_executors().await;
-        executors.0[i] = spawn_executor(
+        let task = spawn_executor(
             &start.config,
             start.scheduler,
             i,
             &start.work_root,
             &start.task_log,
         );
+        executors.0[at] = (i, restarts + 1, task);
     }
 }
 
@@ -309,6 +310,14 @@ mod tests {
             .to_string()
     }
 
+    async fn active_ids(view: &ClusterView) -> Vec<String> {
+        view.active_executors()
+            .await
+            .into_iter()
+            .map(|e| e.id)
+            .collect()
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_executor_that_stops_is_started_again_and_queries_go_on() {
         let data = std::env::temp_dir().join(format!("basin-cluster-test-{}", std::process::id()));
@@ -319,24 +328,14 @@ mod tests {
             .unwrap();
         assert!(count_nations(&cluster).await.contains("| 25 |"));
         let view = cluster.scheduler().cluster_view();
-        let before: Vec<String> = view
-            .active_executors()
-            .await
-            .into_iter()
-            .map(|e| e.id)
-            .collect();
+        let before = active_ids(&view).await;
         assert_eq!(before.len(), 2);
         // As the scheduler does with an executor it gave up; Ballista then also marks the
         // other executor of this process as shutting down.
         view.stop_executor(&before[0], "test").await;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
         loop {
-            let now: Vec<String> = view
-                .active_executors()
-                .await
-                .into_iter()
-                .map(|e| e.id)
-                .collect();
+            let now = active_ids(&view).await;
             if now.len() == 2 && !now.contains(&before[0]) {
                 break;
             }

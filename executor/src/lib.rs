@@ -86,6 +86,9 @@ pub fn effective_task_slots(configured: usize) -> usize {
 
 /// Runs an executor until it is stopped (Ctrl-C, SIGTERM or the scheduler).
 pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<()> {
+    // An executor starting means this process is not shutting down, whatever an executor
+    // of it that stopped before set.
+    clear_shutting_down();
     // The Flight service serves on this listener: its port stays bound from here on.
     let flight_listener = reserve_listener(
         &options.bind_host,
@@ -212,9 +215,9 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
 /// Ballista 53 keeps "this executor is shutting down" in one process-wide flag
 /// (`executor_server::TERMINATING`) and sets it when any executor of the process stops: from
 /// then on every executor of the process says so in its heartbeats, the scheduler drops them,
-/// and queries wait for executors forever. A standalone cluster that starts a stopped
-/// executor again clears the flag first.
-pub fn clear_shutting_down() {
+/// and queries wait for executors forever. Every executor start ([`run`]) clears it, so a
+/// standalone cluster that starts a stopped executor again has all of them working.
+fn clear_shutting_down() {
     ballista_executor::executor_server::TERMINATING
         .store(false, std::sync::atomic::Ordering::Release);
 }

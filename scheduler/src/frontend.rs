@@ -32,7 +32,7 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 use datafusion::prelude::SessionContext;
 use datafusion_proto::protobuf::LogicalPlanNode;
 
-use crate::server::ClusterView;
+use crate::server::{ClusterView, ExecutorInfo};
 use crate::session::base_config;
 use crate::streamed;
 
@@ -247,31 +247,29 @@ impl BasinQueryPlanner {
     /// A query planned here and streamed from the executors: one stage spread over them, or
     /// a small query whole on one of them. `None` when it runs as a Ballista job (exchanges
     /// over too much data, no executor yet, or a plan that cannot travel).
+    /// `executors`: the cluster's active executors (none without a cluster).
     async fn plan_streamed(
         &self,
         plan: &LogicalPlan,
         state: &SessionState,
+        executors: &[ExecutorInfo],
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
-        let Some(cluster) = &self.cluster else {
+        if executors.is_empty() {
             return Ok(None);
-        };
+        }
         let one_stage = streamed::may_stream(plan);
         if !one_stage && (self.single_node_max_bytes == 0 || !streamed::may_run_on_one_node(plan)) {
             return Ok(None);
         }
-        let executors = cluster.active_executors().await;
-        if executors.is_empty() {
-            return Ok(None);
-        }
         if one_stage {
             let physical = self.local.create_physical_plan(plan, state).await?;
-            return Ok(streamed::stream_stage(physical, &executors));
+            return Ok(streamed::stream_stage(physical, executors));
         }
         // Planned for the cores of the executor that will run it, with hash joins: the
         // scans are bounded by `single_node_max_bytes`, so the build sides fit in memory
         // (sort-merge joins, the cluster's default because they spill, were 2-7x slower
         // on TPC-H SF1 joins).
-        let executor = streamed::next_executor(&executors);
+        let executor = streamed::next_executor(executors);
         let mut one_node = state.clone();
         let options = one_node.config_mut().options_mut();
         options.execution.target_partitions = (executor.task_slots as usize).max(1);
@@ -301,7 +299,11 @@ impl BasinQueryPlanner {
         if explain.explain_format != ExplainFormat::Indent {
             return Ok(None);
         }
-        let Some(physical) = self.plan_streamed(&explain.plan, state).await? else {
+        let Some(cluster) = &self.cluster else {
+            return Ok(None);
+        };
+        let executors = cluster.active_executors().await;
+        let Some(physical) = self.plan_streamed(&explain.plan, state, &executors).await? else {
             return Ok(None);
         };
         let mut plans = explain.stringified_plans.clone();
@@ -363,15 +365,14 @@ impl QueryPlanner for BasinQueryPlanner {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let local = writes_memory_table(logical_plan)
             || matches!(logical_plan, LogicalPlan::DescribeTable(_));
-        if let Some(cluster) = &self.cluster
-            && !local
-            && !matches!(logical_plan, LogicalPlan::Explain(_))
-        {
-            cluster
+        // The executors that will take the work, looked up once per query.
+        let executors = match &self.cluster {
+            Some(cluster) if !local && !matches!(logical_plan, LogicalPlan::Explain(_)) => cluster
                 .wait_for_active_executors(EXECUTOR_PATIENCE)
                 .await
-                .map_err(DataFusionError::Execution)?;
-        }
+                .map_err(DataFusionError::Execution)?,
+            _ => vec![],
+        };
         if let Some(plan) = self.plan_iceberg(logical_plan, session_state).await? {
             return Ok(plan);
         }
@@ -379,7 +380,10 @@ impl QueryPlanner for BasinQueryPlanner {
             self.local
                 .create_physical_plan(logical_plan, session_state)
                 .await
-        } else if let Some(plan) = self.plan_streamed(logical_plan, session_state).await? {
+        } else if let Some(plan) = self
+            .plan_streamed(logical_plan, session_state, &executors)
+            .await?
+        {
             Ok(plan)
         } else if let Some(plan) = self.explain_streamed(logical_plan, session_state).await? {
             Ok(plan)

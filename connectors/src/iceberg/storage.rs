@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -40,10 +40,13 @@ impl StorageFactory for BasinStorageFactory {
 #[derive(Clone, Serialize, Deserialize)]
 pub struct BasinStorage {
     props: HashMap<String, String>,
+    /// `props` sorted, made once: the first half of this storage's keys in [`STORES`].
+    #[serde(skip)]
+    sorted_props: OnceLock<Arc<[(String, String)]>>,
 }
 
 /// A store: the storage properties (sorted) and `scheme://bucket`.
-type StoreKey = (Vec<(String, String)>, String);
+type StoreKey = (Arc<[(String, String)]>, String);
 
 /// The stores of the whole process. Every scan partition and table write builds a
 /// `BasinStorage` of its own (from the plan), so stores kept per instance meant a new S3
@@ -62,7 +65,10 @@ impl std::fmt::Debug for BasinStorage {
 
 impl BasinStorage {
     pub fn new(props: HashMap<String, String>) -> Self {
-        Self { props }
+        Self {
+            props,
+            sorted_props: OnceLock::new(),
+        }
     }
 
     /// The store and the object path for a location.
@@ -105,13 +111,16 @@ impl BasinStorage {
     }
 
     fn store(&self, scheme: &str, bucket: &str, location: &str) -> Result<Arc<dyn ObjectStore>> {
-        let mut props: Vec<(String, String)> = self
-            .props
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        props.sort();
-        let key = (props, format!("{scheme}://{bucket}"));
+        let props = self.sorted_props.get_or_init(|| {
+            let mut props: Vec<(String, String)> = self
+                .props
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            props.sort();
+            props.into()
+        });
+        let key = (props.clone(), format!("{scheme}://{bucket}"));
         let mut stores = STORES.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(store) = stores.get(&key) {
             return Ok(store.clone());
