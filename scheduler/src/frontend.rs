@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::prefilter::PrefilterGroups;
 use async_trait::async_trait;
 use ballista_core::extension::{SessionConfigExt, SessionStateExt};
 use ballista_core::planner::BallistaQueryPlanner;
@@ -69,6 +70,7 @@ pub fn connect(
     let state = SessionStateBuilder::new_from_existing(state)
         .with_query_planner(Arc::new(planner))
         .with_optimizer_rule(Arc::new(RemotePushdown))
+        .with_optimizer_rule(Arc::new(PrefilterGroups))
         .build();
     let ctx = SessionContext::new_with_state(state);
     register_catalogs(&ctx, config, partitions)?;

@@ -1,0 +1,494 @@
+//! Groups pre-filtered by the keys they will be joined with.
+//!
+//! A decorrelated subquery joins a query's rows with an aggregate over a whole table, grouped
+//! by the join key (TPC-H Q17: the parts of one brand and container joined with
+//! `avg(l_quantity)` of *every* part's lineitems; Q2 and Q20 alike). DataFusion computes every
+//! group and lets the join throw almost all of them away. DuckDB computes only the groups whose
+//! key occurs on the other side (its "delim join").
+//!
+//! [`PrefilterGroups`] does the same with plain logical operators, so that it works on a
+//! cluster as well as in one process. For a join whose one side is an aggregate grouped by the
+//! join key, it looks on the other side for the input that constrains that key: a filtered
+//! scan, found through projections, filters and the equal keys of inner and semi joins. The
+//! aggregate's input then keeps only rows whose key that scan yields, by a semi join placed as
+//! low as it may go (above the scan and filters that produce the key):
+//!
+//! ```text
+//!  before:  Join(k = g)                    after:  Join(k = g)
+//!             ├─ … Filter(part) …                    ├─ … Filter(part) …
+//!             └─ Aggregate(by g)                     └─ Aggregate(by g)
+//!                  └─ lineitem                            └─ RightSemi(k' = g)
+//!                                                              ├─ Filter(part) as k'
+//!                                                              └─ lineitem
+//! ```
+//!
+//! The semi join reads the filtered scan a second time; that is the price. It is paid only
+//! when the key's source is one filtered scan of another table than the one aggregated.
+//!
+//! Why the result is the same: rows of a group whose key is not among the source's keys can
+//! only form groups that the join drops (an inner or semi join, or the non-preserved side of
+//! an outer join, with keys that never equal NULL), and each kept group keeps all of its rows.
+//! The source's keys are a superset of the other side's, since the path from that side down to
+//! the source only filters rows (filters, inner and semi joins) or renames columns.
+
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{Column, JoinType, NullEquality, Result};
+use datafusion::logical_expr::{
+    Expr, Join, LogicalPlan, LogicalPlanBuilder, Projection, SubqueryAlias,
+};
+use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
+
+/// The alias of the key sources this rule adds; a plan that has one is not rewritten again.
+const KEYS: &str = "__basin_group_keys";
+
+/// See the module documentation.
+#[derive(Debug, Default)]
+pub struct PrefilterGroups;
+
+impl OptimizerRule for PrefilterGroups {
+    fn name(&self) -> &str {
+        "basin_prefilter_groups"
+    }
+
+    fn apply_order(&self) -> Option<ApplyOrder> {
+        Some(ApplyOrder::BottomUp)
+    }
+
+    fn supports_rewrite(&self) -> bool {
+        true
+    }
+
+    fn rewrite(
+        &self,
+        plan: LogicalPlan,
+        _config: &dyn OptimizerConfig,
+    ) -> Result<Transformed<LogicalPlan>> {
+        let LogicalPlan::Join(join) = &plan else {
+            return Ok(Transformed::no(plan));
+        };
+        match prefilter(join)? {
+            Some(rewritten) => Ok(Transformed::yes(rewritten)),
+            None => Ok(Transformed::no(plan)),
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Side {
+    Left,
+    Right,
+}
+
+/// The join with one side's aggregate pre-filtered, or `None` when no side qualifies.
+fn prefilter(join: &Join) -> Result<Option<LogicalPlan>> {
+    if join.null_equality != NullEquality::NullEqualsNothing || join.null_aware {
+        return Ok(None);
+    }
+    // The sides whose rows without a partner on the other side never reach the output.
+    let sides: &[Side] = match join.join_type {
+        JoinType::Inner => &[Side::Right, Side::Left],
+        JoinType::Left | JoinType::LeftSemi => &[Side::Right],
+        JoinType::Right | JoinType::RightSemi => &[Side::Left],
+        _ => &[],
+    };
+    for &side in sides {
+        let (grouped, other) = match side {
+            Side::Left => (&join.left, &join.right),
+            Side::Right => (&join.right, &join.left),
+        };
+        if has_key_source(grouped) {
+            continue; // rewritten before
+        }
+        for (l, r) in &join.on {
+            let (Expr::Column(l), Expr::Column(r)) = (l, r) else {
+                continue;
+            };
+            let (group_key, other_key) = match side {
+                Side::Left => (l, r),
+                Side::Right => (r, l),
+            };
+            let Some(source) = key_source(other, other_key) else {
+                continue;
+            };
+            let Some(rewritten) = reduce_groups(grouped, group_key, &source)? else {
+                continue;
+            };
+            let (left, right) = match side {
+                Side::Left => (rewritten, join.right.as_ref().clone()),
+                Side::Right => (join.left.as_ref().clone(), rewritten),
+            };
+            let plan = LogicalPlan::Join(join.clone());
+            tracing::debug!(key = %group_key, source = %source.table, "groups pre-filtered by join key");
+            return plan
+                .with_new_exprs(plan.expressions(), vec![left, right])
+                .map(Some);
+        }
+    }
+    Ok(None)
+}
+
+fn has_key_source(plan: &LogicalPlan) -> bool {
+    plan.exists(|node| Ok(matches!(node, LogicalPlan::SubqueryAlias(a) if a.alias.table() == KEYS)))
+        .expect("the closure never fails")
+}
+
+/// A filtered scan whose column `key` holds every value of the other side's join key.
+struct KeySource {
+    plan: LogicalPlan,
+    key: Column,
+    /// The scanned table (a rule never pre-filters a table by itself).
+    table: String,
+}
+
+/// A chain of projections, filters and aliases over one table scan: its table's name and
+/// whether anything in it filters rows.
+fn scan_chain(plan: &LogicalPlan) -> Option<(String, bool)> {
+    match plan {
+        LogicalPlan::TableScan(scan) => Some((
+            scan.table_name.to_string(),
+            !scan.filters.is_empty() || scan.fetch.is_some(),
+        )),
+        LogicalPlan::Filter(f) => scan_chain(&f.input).map(|(t, _)| (t, true)),
+        LogicalPlan::Projection(p) => scan_chain(&p.input),
+        LogicalPlan::SubqueryAlias(a) => scan_chain(&a.input),
+        _ => None,
+    }
+}
+
+/// The column of `plan`'s input that `plan`'s output column `col` passes on unchanged, for
+/// nodes that rename or pass columns (projections, aliases, filters).
+fn passed_from(plan: &LogicalPlan, col: &Column) -> Option<Column> {
+    match plan {
+        LogicalPlan::Projection(Projection { expr, schema, .. }) => {
+            let i = schema.index_of_column(col).ok()?;
+            match unalias(&expr[i]) {
+                Expr::Column(c) => Some(c.clone()),
+                _ => None,
+            }
+        }
+        LogicalPlan::SubqueryAlias(SubqueryAlias { input, schema, .. }) => {
+            let i = schema.index_of_column(col).ok()?;
+            Some(Column::from(input.schema().qualified_field(i)))
+        }
+        LogicalPlan::Filter(_) => Some(col.clone()),
+        _ => None,
+    }
+}
+
+fn unalias(e: &Expr) -> &Expr {
+    match e {
+        Expr::Alias(a) => unalias(&a.expr),
+        e => e,
+    }
+}
+
+/// Where the values of `plan`'s column `col` come from: a filtered scan whose values of some
+/// column are a superset of them.
+fn key_source(plan: &LogicalPlan, col: &Column) -> Option<KeySource> {
+    if let Some((table, filtered)) = scan_chain(plan) {
+        return filtered.then(|| KeySource {
+            plan: plan.clone(),
+            key: col.clone(),
+            table,
+        });
+    }
+    match plan {
+        LogicalPlan::Projection(_) | LogicalPlan::SubqueryAlias(_) | LogicalPlan::Filter(_) => {
+            key_source(plan.inputs()[0], &passed_from(plan, col)?)
+        }
+        LogicalPlan::Join(join) if join.null_equality == NullEquality::NullEqualsNothing => {
+            let on_left = join.left.schema().has_column(col);
+            // The key's partner on the other side of an equal key, when that side only
+            // keeps matching rows.
+            let partner = join.on.iter().find_map(|(l, r)| match (l, r) {
+                (Expr::Column(l), Expr::Column(r)) if on_left && l == col => Some((&join.right, r)),
+                (Expr::Column(l), Expr::Column(r)) if !on_left && r == col => Some((&join.left, l)),
+                _ => None,
+            });
+            let own = if on_left { &join.left } else { &join.right };
+            let partner_filters = match join.join_type {
+                JoinType::Inner => true,
+                JoinType::LeftSemi => on_left,
+                JoinType::RightSemi => !on_left,
+                _ => false,
+            };
+            // Every join type passes on only values its own side has (or NULLs). The key's
+            // own side first: it is where the key is defined (a dimension's primary key).
+            key_source(own, col).or_else(|| {
+                partner
+                    .filter(|_| partner_filters)
+                    .and_then(|(side, key)| key_source(side, key))
+            })
+        }
+        _ => None,
+    }
+}
+
+/// `plan` (a side of the join: aliases, projections and filters over an aggregate grouped by
+/// `key`) with the aggregate's input cut down to rows whose key `source` yields.
+fn reduce_groups(
+    plan: &LogicalPlan,
+    key: &Column,
+    source: &KeySource,
+) -> Result<Option<LogicalPlan>> {
+    let input = match plan {
+        LogicalPlan::Aggregate(agg) => {
+            if agg
+                .group_expr
+                .iter()
+                .any(|e| matches!(e, Expr::GroupingSet(_)))
+            {
+                return Ok(None);
+            }
+            let Ok(i) = agg.schema.index_of_column(key) else {
+                return Ok(None);
+            };
+            let Some(Expr::Column(c)) = agg.group_expr.get(i).map(unalias) else {
+                return Ok(None);
+            };
+            place_semi_join(&agg.input, c, source)?
+        }
+        LogicalPlan::Projection(_) | LogicalPlan::SubqueryAlias(_) | LogicalPlan::Filter(_) => {
+            match passed_from(plan, key) {
+                Some(inner) => reduce_groups(plan.inputs()[0], &inner, source)?,
+                None => None,
+            }
+        }
+        _ => None,
+    };
+    input
+        .map(|input| plan.with_new_exprs(plan.expressions(), vec![input]))
+        .transpose()
+}
+
+/// `plan` with only the rows whose `key` the source yields: a semi join placed above the scan
+/// chain that produces `key` (below joins, so that they see fewer rows), or above `plan` when
+/// `key` is computed.
+fn place_semi_join(
+    plan: &LogicalPlan,
+    key: &Column,
+    source: &KeySource,
+) -> Result<Option<LogicalPlan>> {
+    if let Some((table, _)) = scan_chain(plan) {
+        if table == source.table {
+            return Ok(None); // a table filtered by itself: nothing to gain
+        }
+        return semi_join(plan, key, source);
+    }
+    let below = match plan {
+        LogicalPlan::Projection(_) | LogicalPlan::SubqueryAlias(_) | LogicalPlan::Filter(_) => {
+            passed_from(plan, key).map(|inner| (0, inner))
+        }
+        LogicalPlan::Join(join) => {
+            let on_left = join.left.schema().has_column(key);
+            // The rows of the side `key` is on may be cut when the join passes on each of
+            // them at most as themselves: not when they are the side NULL-padded rows come
+            // from for the other one.
+            let ok = match join.join_type {
+                JoinType::Inner => true,
+                JoinType::Left | JoinType::LeftSemi | JoinType::LeftAnti => on_left,
+                JoinType::Right | JoinType::RightSemi | JoinType::RightAnti => !on_left,
+                _ => false,
+            };
+            ok.then(|| (if on_left { 0 } else { 1 }, key.clone()))
+        }
+        _ => None,
+    };
+    let Some((i, inner)) = below else {
+        return semi_join(plan, key, source);
+    };
+    let Some(reduced) = place_semi_join(plan.inputs()[i], &inner, source)? else {
+        return Ok(None);
+    };
+    let mut inputs: Vec<LogicalPlan> = plan.inputs().into_iter().cloned().collect();
+    inputs[i] = reduced;
+    plan.with_new_exprs(plan.expressions(), inputs).map(Some)
+}
+
+/// `source`'s keys RIGHT SEMI JOIN `plan`: the keys are the build side, `plan` is probed and
+/// keeps its schema.
+fn semi_join(plan: &LogicalPlan, key: &Column, source: &KeySource) -> Result<Option<LogicalPlan>> {
+    let (Ok((_, probe)), Ok((_, build))) = (
+        plan.schema().qualified_field_from_column(key),
+        source
+            .plan
+            .schema()
+            .qualified_field_from_column(&source.key),
+    ) else {
+        return Ok(None);
+    };
+    if probe.data_type() != build.data_type() {
+        return Ok(None);
+    }
+    let keys = LogicalPlanBuilder::from(source.plan.clone())
+        .project(vec![Expr::Column(source.key.clone()).alias("key")])?
+        .alias(KEYS)?
+        .build()?;
+    LogicalPlanBuilder::from(keys)
+        .join(
+            plan.clone(),
+            JoinType::RightSemi,
+            (vec![Column::new(Some(KEYS), "key")], vec![key.clone()]),
+            None,
+        )?
+        .build()
+        .map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::util::pretty::pretty_format_batches;
+    use datafusion::execution::SessionStateBuilder;
+    use datafusion::prelude::SessionContext;
+    use std::sync::Arc;
+
+    async fn context(with_rule: bool) -> SessionContext {
+        let mut state = SessionStateBuilder::new().with_default_features();
+        if with_rule {
+            state = state.with_optimizer_rule(Arc::new(PrefilterGroups));
+        }
+        let ctx = SessionContext::new_with_state(state.build());
+        for sql in [
+            "CREATE TABLE dim (k INT, tag VARCHAR) AS VALUES \
+             (1, 'a'), (2, 'b'), (3, 'a'), (NULL, 'a'), (5, 'c'), (6, 'a')",
+            "CREATE TABLE fact (k INT, j INT, v INT) AS VALUES \
+             (1, 1, 10), (1, 2, 20), (2, 1, 5), (3, 1, 7), (NULL, 1, 1), (NULL, 2, 2), \
+             (4, 1, 100), (5, 2, 3), (3, 2, 8)",
+            "CREATE TABLE pair (k INT, j INT, w VARCHAR) AS VALUES \
+             (1, 1, 'x'), (1, 2, 'y'), (3, 2, 'x'), (4, 1, 'x'), (NULL, 1, 'x')",
+        ] {
+            ctx.sql(sql).await.unwrap().collect().await.unwrap();
+        }
+        ctx
+    }
+
+    /// The optimized plan and the sorted rows of `sql`.
+    async fn run(ctx: &SessionContext, sql: &str) -> (String, Vec<String>) {
+        let df = ctx.sql(sql).await.unwrap();
+        let plan = df
+            .clone()
+            .into_optimized_plan()
+            .unwrap()
+            .display_indent()
+            .to_string();
+        let batches = df.collect().await.unwrap();
+        let text = pretty_format_batches(&batches).unwrap().to_string();
+        let mut rows: Vec<String> = text.lines().skip(3).map(str::to_string).collect();
+        rows.sort();
+        (plan, rows)
+    }
+
+    /// Every query gives the same rows with and without the rule; `rewritten` says whether
+    /// the rule must have pre-filtered a group.
+    async fn check(cases: &[(&str, bool)]) {
+        let (with, without) = (context(true).await, context(false).await);
+        for (sql, rewritten) in cases {
+            let (plan, rows) = run(&with, sql).await;
+            let (_, expected) = run(&without, sql).await;
+            assert_eq!(rows, expected, "{sql}\n{plan}");
+            assert_eq!(plan.contains(KEYS), *rewritten, "{sql}\n{plan}");
+        }
+    }
+
+    #[tokio::test]
+    async fn groups_joined_with_a_filtered_table_are_computed_only_for_its_keys() {
+        check(&[
+            // A derived table joined on its grouping key (inner, and the aggregate on the
+            // right of a LEFT JOIN, where only the left side's rows are kept).
+            (
+                "SELECT d.k, a.s FROM dim d JOIN (SELECT k, sum(v) AS s FROM fact GROUP BY k) a \
+                 ON d.k = a.k WHERE d.tag = 'a'",
+                true,
+            ),
+            (
+                "SELECT d.k, a.s FROM dim d LEFT JOIN (SELECT k, sum(v) AS s FROM fact GROUP BY k) a \
+                 ON d.k = a.k WHERE d.tag = 'a'",
+                true,
+            ),
+            // A correlated scalar subquery (TPC-H Q17's shape).
+            (
+                "SELECT d.k FROM dim d WHERE d.tag = 'a' \
+                 AND 6 < (SELECT sum(v) FROM fact f WHERE f.k = d.k)",
+                true,
+            ),
+            // IN over a grouped subquery with HAVING (a semi join).
+            (
+                "SELECT k, tag FROM dim WHERE tag = 'a' \
+                 AND k IN (SELECT k FROM fact GROUP BY k HAVING sum(v) > 6)",
+                true,
+            ),
+            // Two grouping keys, one of them constrained (TPC-H Q20's shape), with the key's
+            // source found through another join of the outer query.
+            (
+                "SELECT p.k, p.j, p.w FROM pair p JOIN dim d ON p.k = d.k WHERE d.tag = 'a' \
+                 AND p.j < (SELECT sum(v) FROM fact f WHERE f.k = p.k AND f.j = p.j)",
+                true,
+            ),
+            // The aggregate's input is a join: the semi join goes below it, on the side
+            // that has the key (TPC-H Q2's shape).
+            (
+                "SELECT d.k, a.m FROM dim d JOIN (SELECT f.k, max(p.w) AS m FROM fact f \
+                 JOIN pair p ON f.j = p.j GROUP BY f.k) a ON a.k = d.k WHERE d.tag = 'a'",
+                true,
+            ),
+        ])
+        .await;
+    }
+
+    #[tokio::test]
+    async fn groups_that_reach_the_output_without_a_partner_are_left_alone() {
+        check(&[
+            // The aggregate is the preserved side of an outer join.
+            (
+                "SELECT a.k, a.s, d.tag FROM (SELECT k, sum(v) AS s FROM fact GROUP BY k) a \
+                 LEFT JOIN (SELECT * FROM dim WHERE tag = 'a') d ON d.k = a.k",
+                false,
+            ),
+            (
+                "SELECT a.k, a.s, d.tag FROM (SELECT k, sum(v) AS s FROM fact GROUP BY k) a \
+                 FULL JOIN (SELECT * FROM dim WHERE tag = 'a') d ON d.k = a.k",
+                false,
+            ),
+            // NOT IN and NOT EXISTS keep rows for keys the aggregate lacks.
+            (
+                "SELECT k FROM dim WHERE tag = 'a' AND k NOT IN (SELECT k FROM fact GROUP BY k)",
+                false,
+            ),
+            (
+                "SELECT k FROM dim d WHERE tag = 'a' \
+                 AND NOT EXISTS (SELECT 1 FROM fact f WHERE f.k = d.k GROUP BY f.k)",
+                false,
+            ),
+            // An unfiltered other side: its keys would filter nothing.
+            (
+                "SELECT d.k, a.s FROM dim d JOIN (SELECT k, sum(v) AS s FROM fact GROUP BY k) a \
+                 ON d.k = a.k",
+                false,
+            ),
+            // The key's only filtered source is the aggregated table itself.
+            (
+                "SELECT f.k, a.c FROM fact f JOIN (SELECT k, count(*) AS c FROM fact GROUP BY k) a \
+                 ON f.k = a.k WHERE f.v > 6",
+                false,
+            ),
+            // A grouping key computed from the input.
+            (
+                "SELECT d.k, a.s FROM dim d JOIN (SELECT abs(k) AS k, sum(v) AS s FROM fact \
+                 GROUP BY abs(k)) a ON d.k = a.k WHERE d.tag = 'a'",
+                false,
+            ),
+        ])
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_rewritten_plan_is_not_rewritten_again() {
+        let ctx = context(true).await;
+        let sql = "SELECT d.k, a.s FROM dim d JOIN (SELECT k, sum(v) AS s FROM fact GROUP BY k) a \
+                   ON d.k = a.k WHERE d.tag = 'a'";
+        let (plan, _) = run(&ctx, sql).await;
+        let aliases = plan.matches(&format!("SubqueryAlias: {KEYS}")).count();
+        assert_eq!(aliases, 1, "{plan}");
+    }
+}
