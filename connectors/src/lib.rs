@@ -15,6 +15,7 @@ pub mod files;
 pub mod iceberg;
 pub mod remote;
 pub mod tpch;
+pub mod views;
 
 /// The runtime all I/O to other systems runs on: PostgreSQL/MySQL pools and their sockets,
 /// and the HTTP connections of S3 stores, live here whatever runtime DataFusion, Ballista or

@@ -111,7 +111,10 @@ impl ExecutorFlight {
             .execute(partition, Arc::new(ctx))
             .map_err(stage_error)?;
         let schema = stream.schema();
-        let batches = stream.map_err(|e| FlightError::Tonic(Box::new(stage_error(e))));
+        // Only this batch's bytes go over the wire (string views share buffers).
+        let batches = stream
+            .and_then(|b| futures::future::ready(basin_connectors::views::compact_views(b)))
+            .map_err(|e| FlightError::Tonic(Box::new(stage_error(e))));
         let flight = FlightDataEncoderBuilder::new()
             .with_schema(schema)
             .build(batches)

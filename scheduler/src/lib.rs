@@ -18,6 +18,7 @@ pub mod server;
 pub mod session;
 pub mod sql;
 pub mod streamed;
+pub mod views;
 
 pub use frontend::connect;
 pub use server::{ClusterView, SchedulerHandle, SchedulerOptions, start};

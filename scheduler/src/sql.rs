@@ -52,13 +52,19 @@ pub async fn plan(ctx: &SessionContext, statement: Statement) -> Result<LogicalP
         },
         _ => None,
     };
-    ctx.state()
+    let plan = ctx
+        .state()
         .statement_to_plan(statement)
         .await
         .map_err(|e| match target {
             Some(table) => e.context(format!("cannot insert into `{table}`")),
             None => e,
-        })
+        })?;
+    if is_command(&plan) {
+        return Ok(plan);
+    }
+    // Iceberg strings are read as views; clients get plain strings.
+    basin_connectors::views::plain_strings_at_output(plan)
 }
 
 /// Parses and plans SQL text that holds exactly one statement.

@@ -183,6 +183,7 @@ pub(crate) fn stream_stage(
     if executors.is_empty() {
         return None;
     }
+    let plan = projection_below_merge(plan);
     if one_stage(&plan) {
         return match StreamedStageExec::try_new(plan, executors) {
             Ok(stage) => Some(Arc::new(stage)),
@@ -200,6 +201,29 @@ pub(crate) fn stream_stage(
     };
     let child = stream_stage(child.clone(), executors)?;
     plan.with_new_children(vec![child]).ok()
+}
+
+/// A projection over a merge, moved below it: it runs on the executors, and a merge of a
+/// streamed stage with nothing above it is relayed to the client as is (the cast of string
+/// views to plain strings that every result gets, `basin_connectors::views`).
+fn projection_below_merge(plan: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+    let Some(projection) = plan.as_any().downcast_ref::<ProjectionExec>() else {
+        return plan;
+    };
+    let Some(merge) = projection
+        .input()
+        .as_any()
+        .downcast_ref::<CoalescePartitionsExec>()
+    else {
+        return plan;
+    };
+    if merge.fetch().is_some() {
+        return plan;
+    }
+    match ProjectionExec::try_new(projection.expr().to_vec(), merge.input().clone()) {
+        Ok(below) => Arc::new(CoalescePartitionsExec::new(Arc::new(below))),
+        Err(_) => plan,
+    }
 }
 
 /// True when no part of `plan` needs another partition's data: no exchange, no merge, and

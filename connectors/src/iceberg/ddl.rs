@@ -586,7 +586,11 @@ async fn insert(
         .columns()
         .into_iter()
         .zip(target.fields())
-        .map(|(c, f)| cast(col(c), f.data_type().clone()).alias(f.name()))
+        .map(|(c, f)| {
+            // The table's stored type: strings are read as views but written plain.
+            let stored = crate::views::plain_type(f.data_type());
+            cast(col(c), stored.unwrap_or_else(|| f.data_type().clone())).alias(f.name())
+        })
         .collect();
     let input = LogicalPlanBuilder::from(query).project(exprs)?.build()?;
     let plan = LogicalPlan::Dml(DmlStatement::new(

@@ -7,6 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use datafusion::arrow::array::RecordBatchOptions;
+use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::stats::Precision;
@@ -111,6 +112,7 @@ impl IcebergScanExec {
             .map_err(|e| DataFusionError::Internal(format!("bad Iceberg schema in plan: {e}")))?;
         let full = schema_to_arrow_schema(&iceberg_schema)
             .map_err(|e| DataFusionError::Plan(error_text(&e)))?;
+        let full = crate::views::read_schema(&full);
         let indices = spec
             .output_fields
             .iter()
@@ -158,7 +160,19 @@ impl IcebergScanExec {
                 let columns = if read_no_columns {
                     vec![]
                 } else {
-                    batch.columns().to_vec()
+                    // iceberg-rust's reader gives plain strings: views of them (no copy).
+                    batch
+                        .columns()
+                        .iter()
+                        .zip(schema.fields())
+                        .map(|(c, f)| {
+                            if c.data_type() == f.data_type() {
+                                Ok(c.clone())
+                            } else {
+                                cast(c, f.data_type())
+                            }
+                        })
+                        .collect::<std::result::Result<Vec<_>, _>>()?
                 };
                 Ok(RecordBatch::try_new_with_options(
                     schema.clone(),

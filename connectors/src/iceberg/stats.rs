@@ -203,6 +203,8 @@ fn scalar(datum: &Datum, data_type: &DataType) -> Option<ScalarValue> {
     // of any other type is left out.
     if &value.data_type() == data_type {
         Some(value)
+    } else if let (ScalarValue::Utf8(v), DataType::Utf8View) = (&value, data_type) {
+        Some(ScalarValue::Utf8View(v.clone())) // strings are read as views
     } else if value.data_type().is_numeric() && data_type.is_numeric() {
         value.cast_to(data_type).ok()
     } else {

@@ -239,7 +239,8 @@ impl IcebergTableSpec {
                 error_text(&e)
             ))
         })?;
-        Ok(Arc::new(arrow))
+        // Strings are read as views (crate::views).
+        Ok(Arc::new(crate::views::read_schema(&arrow)))
     }
 }
 
@@ -391,7 +392,9 @@ impl IcebergTableProvider {
         if read_no_columns && let Some(first) = self.schema.fields().first() {
             columns.push(first.name().clone());
         }
-        let predicate = convert_filters_to_predicate(filters);
+        // iceberg-rust converts plain string literals only; the columns are views.
+        let plain: Vec<Expr> = filters.iter().map(crate::views::plain_literals).collect();
+        let predicate = convert_filters_to_predicate(&plain);
         let version_schema = self.spec.version_schema()?;
         let mut tasks: Vec<FileScanTask> = Vec::new();
         let mut files_total = 0u64;

@@ -933,7 +933,8 @@ impl FlightSqlService for BasinFlightSqlService {
                             &schema,
                             &table,
                             table_type_name(provider.table_type()),
-                            provider.schema().as_ref(),
+                            // The column types results have.
+                            &basin_connectors::views::plain_schema(&provider.schema()),
                         )
                         .map_err(|e| Status::internal(e.to_string()))?;
                 }
