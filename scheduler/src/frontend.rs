@@ -228,7 +228,8 @@ impl BasinQueryPlanner {
                     DataFusionError::Internal(format!("`{name}` was loaded without its catalog"))
                 })?;
                 let spec = WriteSpec::new(table.spec());
-                let node = IcebergWriteNode::new(spec.clone(), input.as_ref().clone())?;
+                let input = crate::prefilter::without_prefilters(input)?;
+                let node = IcebergWriteNode::new(spec.clone(), input)?;
                 let write = LogicalPlan::Extension(Extension {
                     node: Arc::new(node),
                 });
@@ -390,8 +391,9 @@ impl QueryPlanner for BasinQueryPlanner {
         } else if let Some(plan) = self.explain_streamed(logical_plan, session_state).await? {
             Ok(plan)
         } else {
+            let plan = crate::prefilter::without_prefilters(logical_plan)?;
             self.distributed
-                .create_physical_plan(logical_plan, session_state)
+                .create_physical_plan(&plan, session_state)
                 .await
         }
     }

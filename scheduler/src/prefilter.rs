@@ -31,6 +31,8 @@
 //! The source's keys are a superset of the other side's, since the path from that side down to
 //! the source only filters rows (filters, inner and semi joins) or renames columns.
 
+use std::sync::Arc;
+
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, JoinType, NullEquality, Result};
 use datafusion::logical_expr::{
@@ -125,6 +127,35 @@ fn prefilter(join: &Join) -> Result<Option<LogicalPlan>> {
         }
     }
     Ok(None)
+}
+
+/// `plan` without the semi joins this rule added, for a plan that runs as a Ballista job.
+/// There a semi join is planned as a partitioned hash join (Ballista keeps build sides from
+/// being broadcast), which shuffles the aggregate's whole input instead of its partial
+/// groups: TPC-H SF1 Q17 as a job took 1.57 s with it, 1.14 s without. The semi join only
+/// drops rows the join above drops anyway, so taking it out keeps the result.
+pub fn without_prefilters(plan: &LogicalPlan) -> Result<LogicalPlan> {
+    plan.clone()
+        .transform_up(|node| {
+            Ok(match node {
+                LogicalPlan::Join(join)
+                    if join.join_type == JoinType::RightSemi && is_keys(&join.left) =>
+                {
+                    Transformed::yes(Arc::unwrap_or_clone(join.right))
+                }
+                other => Transformed::no(other),
+            })
+        })
+        .map(|t| t.data)
+}
+
+/// Whether `plan` is a key source this rule added (maybe under projections).
+fn is_keys(plan: &LogicalPlan) -> bool {
+    match plan {
+        LogicalPlan::SubqueryAlias(a) => a.alias.table() == KEYS,
+        LogicalPlan::Projection(p) => is_keys(&p.input),
+        _ => false,
+    }
 }
 
 fn has_key_source(plan: &LogicalPlan) -> bool {
@@ -341,7 +372,6 @@ mod tests {
     use datafusion::arrow::util::pretty::pretty_format_batches;
     use datafusion::execution::SessionStateBuilder;
     use datafusion::prelude::SessionContext;
-    use std::sync::Arc;
 
     async fn context(with_rule: bool) -> SessionContext {
         let mut state = SessionStateBuilder::new().with_default_features();
@@ -480,6 +510,39 @@ mod tests {
             ),
         ])
         .await;
+    }
+
+    #[tokio::test]
+    async fn a_plan_for_a_ballista_job_goes_without_the_semi_joins() {
+        let ctx = context(true).await;
+        let sql = "SELECT d.k FROM dim d WHERE d.tag = 'a' \
+                   AND 6 < (SELECT sum(v) FROM fact f WHERE f.k = d.k)";
+        let df = ctx.sql(sql).await.unwrap();
+        let plan = df.clone().into_optimized_plan().unwrap();
+        assert!(plan.display_indent().to_string().contains(KEYS));
+        let stripped = without_prefilters(&plan).unwrap();
+        assert!(
+            !stripped.display_indent().to_string().contains(KEYS),
+            "{stripped}"
+        );
+        assert_eq!(stripped.schema(), plan.schema());
+        let run = |p: LogicalPlan| {
+            let ctx = ctx.clone();
+            async move {
+                let batches = ctx
+                    .execute_logical_plan(p)
+                    .await
+                    .unwrap()
+                    .collect()
+                    .await
+                    .unwrap();
+                let text = pretty_format_batches(&batches).unwrap().to_string();
+                let mut rows: Vec<String> = text.lines().map(str::to_string).collect();
+                rows.sort();
+                rows
+            }
+        };
+        assert_eq!(run(stripped).await, run(plan).await);
     }
 
     #[tokio::test]
