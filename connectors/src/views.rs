@@ -19,7 +19,9 @@
 
 use std::sync::Arc;
 
-use datafusion::arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
+use datafusion::arrow::array::{Array, ArrayRef, AsArray, GenericByteViewArray, RecordBatch};
+use datafusion::arrow::buffer::Buffer;
+use datafusion::arrow::datatypes::ByteViewType;
 use datafusion::arrow::datatypes::{DataType, Field, Schema};
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Result, ScalarValue};
@@ -52,6 +54,14 @@ pub fn plain_type(data_type: &DataType) -> Option<DataType> {
     }
 }
 
+/// Whether any column of `schema` is a view.
+pub fn has_views(schema: &Schema) -> bool {
+    schema
+        .fields()
+        .iter()
+        .any(|f| plain_type(f.data_type()).is_some())
+}
+
 /// `schema` as clients see it: view columns as plain strings and binaries.
 pub fn plain_schema(schema: &Schema) -> Schema {
     let fields: Vec<Field> = schema
@@ -69,11 +79,7 @@ pub fn plain_schema(schema: &Schema) -> Schema {
 /// binaries (clients get the types they have always got); other plans unchanged.
 pub fn plain_strings_at_output(plan: LogicalPlan) -> Result<LogicalPlan> {
     let schema = plan.schema().clone();
-    if !schema
-        .fields()
-        .iter()
-        .any(|f| plain_type(f.data_type()).is_some())
-    {
+    if !has_views(schema.as_arrow()) {
         return Ok(plan);
     }
     let exprs: Vec<Expr> = schema
@@ -91,14 +97,12 @@ pub fn plain_strings_at_output(plan: LogicalPlan) -> Result<LogicalPlan> {
     LogicalPlanBuilder::from(plan).project(exprs)?.build()
 }
 
-/// `batch` with every view column's bytes copied into buffers of its own, so that Arrow IPC
-/// sends only this batch's values. Batches without views are returned as they are.
+/// `batch` with the bytes of each view column that points into mostly foreign data copied
+/// into buffers of its own, so that Arrow IPC sends only this batch's values. Batches
+/// without views, and view columns whose buffers are mostly their own values (an
+/// aggregate's groups), are returned as they are.
 pub fn compact_views(batch: RecordBatch) -> Result<RecordBatch> {
-    if !batch
-        .columns()
-        .iter()
-        .any(|c| matches!(c.data_type(), DataType::Utf8View | DataType::BinaryView))
-    {
+    if !has_views(batch.schema_ref()) {
         return Ok(batch);
     }
     let columns: Vec<ArrayRef> = batch
@@ -106,8 +110,8 @@ pub fn compact_views(batch: RecordBatch) -> Result<RecordBatch> {
         .iter()
         .map(|c| -> ArrayRef {
             match c.data_type() {
-                DataType::Utf8View => Arc::new(c.as_string_view().gc()),
-                DataType::BinaryView => Arc::new(c.as_binary_view().gc()),
+                DataType::Utf8View => compact(c.as_string_view()).unwrap_or_else(|| c.clone()),
+                DataType::BinaryView => compact(c.as_binary_view()).unwrap_or_else(|| c.clone()),
                 _ => c.clone(),
             }
         })
@@ -115,9 +119,16 @@ pub fn compact_views(batch: RecordBatch) -> Result<RecordBatch> {
     Ok(RecordBatch::try_new(batch.schema(), columns)?)
 }
 
+/// `array` with its own buffers, when the ones it has hold more than twice the bytes its
+/// views use.
+fn compact<T: ByteViewType + ?Sized>(array: &GenericByteViewArray<T>) -> Option<ArrayRef> {
+    let held: usize = array.data_buffers().iter().map(Buffer::len).sum();
+    (held > 2 * array.total_buffer_bytes_used()).then(|| Arc::new(array.gc()) as ArrayRef)
+}
+
 /// `expr` with string view literals as plain string literals (for converters that know only
 /// those, such as iceberg-rust's predicate conversion).
-pub fn plain_literals(expr: &Expr) -> Expr {
+pub fn plain_literals(expr: &Expr) -> Result<Expr> {
     expr.clone()
         .transform(|e| {
             Ok(match e {
@@ -128,7 +139,6 @@ pub fn plain_literals(expr: &Expr) -> Expr {
             })
         })
         .map(|t| t.data)
-        .expect("the closure never fails")
 }
 
 #[cfg(test)]
@@ -165,7 +175,7 @@ mod tests {
     #[test]
     fn view_literals_become_plain_literals() {
         let e = col("a").eq(lit(ScalarValue::Utf8View(Some("x".into()))));
-        assert_eq!(plain_literals(&e), col("a").eq(lit("x")));
+        assert_eq!(plain_literals(&e).unwrap(), col("a").eq(lit("x")));
     }
 
     #[test]

@@ -152,15 +152,17 @@ pub fn without_prefilters(plan: &LogicalPlan) -> Result<LogicalPlan> {
 /// Whether `plan` is a key source this rule added (maybe under projections).
 fn is_keys(plan: &LogicalPlan) -> bool {
     match plan {
-        LogicalPlan::SubqueryAlias(a) => a.alias.table() == KEYS,
         LogicalPlan::Projection(p) => is_keys(&p.input),
-        _ => false,
+        other => is_keys_alias(other),
     }
 }
 
+fn is_keys_alias(plan: &LogicalPlan) -> bool {
+    matches!(plan, LogicalPlan::SubqueryAlias(a) if a.alias.table() == KEYS)
+}
+
 fn has_key_source(plan: &LogicalPlan) -> bool {
-    plan.exists(|node| Ok(matches!(node, LogicalPlan::SubqueryAlias(a) if a.alias.table() == KEYS)))
-        .expect("the closure never fails")
+    is_keys_alias(plan) || plan.inputs().into_iter().any(has_key_source)
 }
 
 /// A filtered scan whose column `key` holds every value of the other side's join key.

@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use basin_connectors::views::plain_type;
+use basin_connectors::views::{has_views, plain_type};
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
@@ -46,11 +46,7 @@ impl PhysicalOptimizerRule for PlainExchanges {
             };
             // An exchange's output has its input's types.
             let types = input.schema();
-            if !types
-                .fields()
-                .iter()
-                .any(|f| plain_type(f.data_type()).is_some())
-            {
+            if !has_views(&types) {
                 return Ok(Transformed::no(node));
             }
             let plain = cast_columns(input, |_, t| plain_type(t))?;

@@ -393,7 +393,10 @@ impl IcebergTableProvider {
             columns.push(first.name().clone());
         }
         // iceberg-rust converts plain string literals only; the columns are views.
-        let plain: Vec<Expr> = filters.iter().map(crate::views::plain_literals).collect();
+        let plain = filters
+            .iter()
+            .map(crate::views::plain_literals)
+            .collect::<Result<Vec<Expr>>>()?;
         let predicate = convert_filters_to_predicate(&plain);
         let version_schema = self.spec.version_schema()?;
         let mut tasks: Vec<FileScanTask> = Vec::new();
