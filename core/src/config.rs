@@ -72,6 +72,10 @@ pub struct ServerConfig {
     /// data files, generated `tpch` tables) runs whole on one executor, streamed back, instead
     /// of as a Ballista job spread over the cluster; 0 turns this off. Needs streamed stages.
     pub single_node_max_bytes: u64,
+    /// The longest a query may run, in seconds, from the moment its result is asked for
+    /// (or a statement is sent) to its last row; longer ones are cancelled with an error.
+    /// 0 = no limit. A session may set a shorter one (`SET basin.query_timeout_seconds`).
+    pub query_timeout_seconds: u64,
 }
 
 impl Default for ServerConfig {
@@ -84,6 +88,7 @@ impl Default for ServerConfig {
             target_partitions: 0,
             streamed_stages: true,
             single_node_max_bytes: 1 << 30,
+            query_timeout_seconds: 0,
         }
     }
 }

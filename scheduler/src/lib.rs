@@ -13,6 +13,7 @@
 pub mod flight_sql;
 pub mod frontend;
 pub mod joins;
+pub mod limits;
 pub mod prefilter;
 pub mod server;
 pub mod session;

@@ -20,6 +20,7 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 use datafusion::prelude::SessionConfig;
 
 use crate::joins::DistributedSafeJoins;
+use crate::limits::BasinOptions;
 use crate::views::PlainExchanges;
 
 /// The session configuration every Basin process starts from.
@@ -34,7 +35,8 @@ pub fn base_config() -> SessionConfig {
         .with_information_schema(true)
         .with_default_catalog_and_schema("basin", "public")
         .with_ballista_logical_extension_codec(logical_codec())
-        .with_ballista_physical_extension_codec(physical_codec());
+        .with_ballista_physical_extension_codec(physical_codec())
+        .with_option_extension(BasinOptions::default());
     config
         .options_mut()
         .set(BROADCAST_JOIN_THRESHOLD, "0")

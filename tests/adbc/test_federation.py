@@ -209,3 +209,38 @@ def test_split_extraction_streams_every_row_of_one_snapshot(federation):
     ids = sorted(result.column("id").to_pylist())
     assert ids == list(range(1, WIDE_ROWS + 1))
     assert set(result.column("pad").to_pylist()) == {"x" * 200}
+
+
+@pytest.mark.parametrize("shape", ["streamed", "job", "statement"])
+def test_time_limit_cancels_the_query_and_its_remote_statement(federation, shape):
+    """`SET basin.query_timeout_seconds`: a query that runs longer fails with an error naming
+    the limit, and what it ran stops — the streamed stage on the executors, the Ballista job,
+    the statement on the source — whether the limit hits a query's result (streamed or a
+    job) or a statement that runs before it answers (COPY … TO)."""
+    import adbc_driver_flightsql.dbapi as fs
+    f = federation
+    table = f"pg.{f['schema']}.slow"
+    sql = {
+        "streamed": f"SELECT * FROM {table}",
+        "job": f"SELECT s.id, n.n_name FROM {table} s JOIN tpch.tiny.nation n "
+               "ON s.id = n.n_nationkey",
+        "statement": f"COPY (SELECT * FROM {table}) TO '{f['workdir']}/slow-{shape}.parquet'",
+    }[shape]
+    with fs.connect(f["url"], autocommit=True) as conn:
+        with conn.cursor() as cur:
+            cur.execute("SET basin.query_timeout_seconds = 3")
+        t, cur, outcome = start_query(conn, sql)
+        t.join(60)
+        assert not t.is_alive(), "the call did not return after its time limit"
+        assert "error" in outcome, f"the query returned {outcome}"
+        assert "time limit of 3 s" in outcome["error"], outcome["error"]
+        assert "basin.query_timeout_seconds" in outcome["error"], outcome["error"]
+        assert outcome["seconds"] < SLEEP_SECONDS / 4, outcome
+        wait_for(lambda: running_on("pg", f) == 0, 30,
+                 "the remote statement outlived the query's time limit")
+        with conn.cursor() as cur:
+            cur.execute("SHOW basin.query_timeout_seconds")
+            assert [str(v) for v in cur.fetchall()[0]][-1] == "3"
+            cur.execute("SET basin.query_timeout_seconds = 0")
+            cur.execute("SELECT count(*) FROM tpch.tiny.nation")
+            assert cur.fetchall() == [(25,)]

@@ -51,6 +51,14 @@ impl SessionFactory {
         self.cluster.cancel_jobs_named(name).await;
     }
 
+    /// The time limit of a query that `session` runs now.
+    pub fn time_limit(&self, session: &SessionContext) -> Option<crate::limits::TimeLimit> {
+        crate::limits::TimeLimit::of(
+            session.state_ref().read().config(),
+            self.config.server.query_timeout_seconds,
+        )
+    }
+
     /// A new front-end session.
     pub fn connect(&self, task_slots: usize) -> datafusion::error::Result<SessionContext> {
         crate::frontend::connect(

@@ -43,6 +43,7 @@ use super::SessionFactory;
 use super::auth::{Tokens, Users, parse_basic};
 use super::metadata::{SQL_INFO, XDBC_TYPES, annotate_schema};
 use super::state::{Registry, Session, Statement};
+use crate::limits::Deadline;
 use crate::streamed;
 
 type DoGetStream = Pin<Box<dyn Stream<Item = Result<arrow_flight::FlightData, Status>> + Send>>;
@@ -151,9 +152,34 @@ impl BasinFlightSqlService {
         if !crate::sql::is_command(plan) {
             return Ok(None);
         }
-        let stream = execute(session, plan.clone(), params).await?;
-        let batches: Vec<RecordBatch> = stream.try_collect().await.map_err(to_status)?;
-        Ok(Some(batches))
+        Ok(Some(self.collect(session, plan.clone(), params).await?))
+    }
+
+    /// Runs a statement to its end within the session's time limit; one that runs out of
+    /// time has its Ballista job cancelled (an Iceberg write then commits nothing).
+    async fn collect(
+        &self,
+        session: &Session,
+        plan: LogicalPlan,
+        params: Option<ParamValues>,
+    ) -> Result<Vec<RecordBatch>, Status> {
+        let name = format!("statement-{}", uuid::Uuid::new_v4().simple());
+        name_next_jobs(session, &name);
+        let run = async {
+            let stream = execute(session, plan, params).await?;
+            stream.try_collect().await.map_err(to_status)
+        };
+        let Some(limit) = self.sessions.time_limit(&session.ctx) else {
+            return run.await;
+        };
+        match tokio::time::timeout(limit.limit, run).await {
+            Ok(done) => done,
+            Err(_) => {
+                tracing::info!(job = %name, "a statement ran out of time: cancelling it");
+                self.sessions.cancel_jobs_named(&name).await;
+                Err(Status::deadline_exceeded(limit.message()))
+            }
+        }
     }
 
     fn flight_info(
@@ -207,7 +233,23 @@ impl BasinFlightSqlService {
         let session = session.map_err(to_status)?;
         // Name the Ballista job after the statement so a cancel can find and stop it.
         name_next_jobs(&session, handle);
-        let started = start(&session, plan, params).await?;
+        let limit = self.sessions.time_limit(&session.ctx);
+        let deadline = limit.map(|l| l.deadline());
+        let started = match (limit, deadline) {
+            (Some(limit), Some(deadline)) => {
+                match tokio::time::timeout_at(deadline, start(&session, plan, params)).await {
+                    Ok(started) => started?,
+                    Err(_) => {
+                        self.sessions.cancel_jobs_named(handle).await;
+                        if !prepared {
+                            self.registry.remove_statement(handle, key);
+                        }
+                        return Err(Status::deadline_exceeded(limit.message()));
+                    }
+                }
+            }
+            _ => start(&session, plan, params).await?,
+        };
         let (abort, registration) = AbortHandle::new_pair();
         self.registry
             .with_statement(handle, key, |s| s.abort = Some(abort));
@@ -240,6 +282,14 @@ impl BasinFlightSqlService {
                 Cancellable::new(messages, registration, abandon, cleanup).map_err(to_status),
             ),
         };
+        let flight: DoGetStream = match (limit, deadline) {
+            (Some(limit), Some(deadline)) => Box::pin(Deadline::new(
+                flight,
+                deadline,
+                Status::deadline_exceeded(limit.message()),
+            )),
+            _ => flight,
+        };
         Ok(Response::new(flight))
     }
 
@@ -249,8 +299,7 @@ impl BasinFlightSqlService {
         plan: LogicalPlan,
         params: Option<ParamValues>,
     ) -> Result<i64, Status> {
-        let stream = execute(session, plan, params).await?;
-        let batches: Vec<RecordBatch> = stream.try_collect().await.map_err(to_status)?;
+        let batches = self.collect(session, plan, params).await?;
         Ok(affected_rows(&batches))
     }
 
