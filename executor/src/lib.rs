@@ -10,6 +10,7 @@
 
 mod engine;
 mod flight;
+pub mod shared;
 
 use std::path::PathBuf;
 use std::sync::Arc;

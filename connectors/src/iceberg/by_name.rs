@@ -26,7 +26,7 @@
 //! whose column carries another field id fails the query with the file's name instead of
 //! returning another column's data.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -71,8 +71,9 @@ use super::storage::BasinStorage;
 /// How a scan's files are read by name.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ByName {
-    /// The field id of each column read or filtered.
-    pub fields: HashMap<String, i32>,
+    /// The field id of each column read or filtered (ordered: equal scans encode to equal
+    /// bytes, which is how an executor finds an aggregate a plan repeats).
+    pub fields: BTreeMap<String, i32>,
     /// The table's name mapping gives these names these ids, so a file column without a field
     /// id is taken by its name.
     pub ids_optional: bool,
@@ -103,7 +104,7 @@ pub(crate) fn by_name_fields(
     for filter in filters {
         names.extend(filter.column_refs().into_iter().map(|c| c.name.clone()));
     }
-    let mut fields = HashMap::with_capacity(names.len());
+    let mut fields = BTreeMap::new();
     for name in names {
         let field = schema.field_by_name(&name)?;
         if !same_by_name(metadata, mapping.as_ref(), &name, field) {
@@ -186,7 +187,7 @@ pub(crate) fn execute(
     context: Arc<TaskContext>,
 ) -> Result<SendableRecordBatchStream> {
     let table = &spec.table;
-    let storage = BasinStorage::new(spec.file_io.clone());
+    let storage = BasinStorage::new(spec.file_io.clone().into_iter().collect());
     let mut files = Vec::with_capacity(tasks.len());
     for task in tasks {
         let (store, path) = storage.resolve(&task.data_file_path).map_err(|e| {
@@ -420,7 +421,7 @@ fn check_field_ids(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
+    use std::collections::{BTreeMap, HashMap};
     use std::sync::Arc;
 
     use bytes::Bytes;
@@ -471,7 +472,7 @@ mod tests {
     #[test]
     fn files_must_carry_the_field_ids_of_the_columns_read() {
         let mut want = ByName {
-            fields: HashMap::from([("id".to_string(), 1), ("score".to_string(), 3)]),
+            fields: BTreeMap::from([("id".to_string(), 1), ("score".to_string(), 3)]),
             ids_optional: false,
         };
         // Matching ids; a column the file lacks, or one not read, is not checked.

@@ -2,7 +2,7 @@
 //! per partition, on whichever executor runs the partition.
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -63,7 +63,7 @@ pub struct ScanSpec {
     /// File scan tasks per output partition.
     pub groups: Vec<Vec<FileScanTask>>,
     /// FileIO properties (may hold credentials; never displayed).
-    pub file_io: HashMap<String, String>,
+    pub file_io: BTreeMap<String, String>,
     /// `schema.name-mapping.default`, for files written without field ids.
     pub name_mapping: Option<String>,
     pub limit: Option<usize>,

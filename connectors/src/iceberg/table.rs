@@ -2,7 +2,7 @@
 //! bytes (on the scheduler), inserts become distributed writers plus one commit.
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use async_trait::async_trait;
@@ -142,7 +142,7 @@ pub struct IcebergTableSpec {
     pub metadata_location: Option<String>,
     pub metadata: TableMetadataRef,
     /// FileIO properties (may hold storage credentials; never displayed).
-    pub file_io: HashMap<String, String>,
+    pub file_io: BTreeMap<String, String>,
     /// The snapshot read (`None`: the table has no snapshot yet).
     pub snapshot_id: Option<i64>,
     /// True when the query asked for an older version (the table is then read-only).
@@ -333,7 +333,13 @@ impl IcebergTableProvider {
             name: ident.name.clone(),
             metadata_location: table.metadata_location().map(str::to_string),
             metadata,
-            file_io: table.file_io().config().props().clone(),
+            file_io: table
+                .file_io()
+                .config()
+                .props()
+                .clone()
+                .into_iter()
+                .collect(),
             snapshot_id,
             time_travel: version.is_some(),
             options: catalog.options(),

@@ -7,7 +7,7 @@
 
 use std::any::Any;
 use std::cmp::Ordering;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -78,7 +78,7 @@ pub struct WriteSpec {
     pub table: String,
     pub metadata: TableMetadataRef,
     /// FileIO properties (may hold credentials; never displayed).
-    pub file_io: HashMap<String, String>,
+    pub file_io: BTreeMap<String, String>,
     pub target_file_size: u64,
     /// Unique per statement: the prefix of every file name it writes.
     pub write_id: String,
