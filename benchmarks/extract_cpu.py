@@ -8,7 +8,8 @@ utime + stime (and its waited-for children's) is read from /proc before and afte
 `SELECT * FROM lineitem`; PostgreSQL backends that exit count through the postmaster.
 
   eval "$(.ci/services.sh start postgres)"
-  python3 benchmarks/federated.py --sf 1 --engines postgres --skip-extract --queries ""  # load
+  # load (results to a scratch directory: a load-only run must not replace the committed ones)
+  python3 benchmarks/federated.py --sf 1 --engines postgres --skip-extract --queries "" --out /tmp/fed
   python3 benchmarks/extract_cpu.py --engine basin [--basin target/release/basin]
   python3 benchmarks/extract_cpu.py --engine duckdb
 """
