@@ -188,11 +188,24 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
     // trying again is safe; it is tried for as long as the first connection may take.
     let deadline = tokio::time::Instant::now()
         + std::time::Duration::from_secs(u64::from(options.connect_timeout_seconds.max(30)));
+    // Ballista returns the same way whether a signal stopped the executor or one of its
+    // servers ended on its own (a port another process took): only the first is a clean stop.
+    let asked_to_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = tokio::spawn(watch_stop_signals(asked_to_stop.clone()));
+    let _watcher = AbortOnDrop(watcher);
     let mut attempt: u64 = 0;
     loop {
         attempt += 1;
         match start_executor_process(process_config.clone()).await {
-            Ok(()) => return Ok(()),
+            Ok(()) if asked_to_stop.load(std::sync::atomic::Ordering::Acquire) => return Ok(()),
+            Ok(()) => {
+                return Err(BasinError::Invalid(format!(
+                    "executor {}:{flight} stopped without being asked to: one of its servers \
+                     ended (its gRPC port {grpc} taken by another process?) or the scheduler \
+                     at {}:{} gave it up; the log above says which. Start it again",
+                    options.external_host, options.scheduler_host, options.scheduler_port
+                )));
+            }
             Err(e)
                 if e.to_string().contains("registration")
                     && tokio::time::Instant::now() < deadline =>
@@ -208,6 +221,37 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
                 )));
             }
         }
+    }
+}
+
+/// Sets `flag` when Ctrl-C or SIGTERM reaches the process (every watcher of a signal sees it,
+/// Ballista's own included).
+async fn watch_stop_signals(flag: Arc<std::sync::atomic::AtomicBool>) {
+    #[cfg(unix)]
+    let term = async {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(_) => futures::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = futures::future::pending::<()>();
+    tokio::select! {
+        Ok(()) = tokio::signal::ctrl_c() => {},
+        () = term => {},
+    }
+    flag.store(true, std::sync::atomic::Ordering::Release);
+}
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
