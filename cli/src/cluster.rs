@@ -215,7 +215,7 @@ async fn supervise(executors: Vec<JoinHandle<Result<()>>>, start: Restart) {
     );
     // Ctrl-C and SIGTERM stop the executors too (Ballista's own handlers): the process is
     // stopping, nothing is started again.
-    let mut signalled = std::pin::pin!(signalled());
+    let mut signalled = std::pin::pin!(basin_executor::stop_signal());
     while !executors.0.is_empty() {
         let stopped = futures::future::select_all(executors.0.iter_mut().map(|(_, _, e)| e));
         let (outcome, at, _) = tokio::select! {
@@ -244,26 +244,6 @@ async fn supervise(executors: Vec<JoinHandle<Result<()>>>, start: Restart) {
             &start.task_log,
         );
         executors.0[at] = (i, restarts + 1, task);
-    }
-}
-
-/// Ctrl-C or SIGTERM (never, where they cannot be watched).
-async fn signalled() {
-    #[cfg(unix)]
-    let term = async {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                term.recv().await;
-            }
-            Err(_) => futures::future::pending().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = futures::future::pending::<()>();
-    tokio::select! {
-        Ok(()) = tokio::signal::ctrl_c() => {},
-        () = term => {},
     }
 }
 

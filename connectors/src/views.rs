@@ -37,10 +37,18 @@ pub fn read_type(data_type: &DataType) -> DataType {
 
 /// `schema` with its string columns read as views.
 pub fn read_schema(schema: &Schema) -> Schema {
+    map_types(schema, |t| Some(read_type(t)))
+}
+
+/// `schema` with each column whose type `to` maps given that type.
+fn map_types(schema: &Schema, to: impl Fn(&DataType) -> Option<DataType>) -> Schema {
     let fields: Vec<Field> = schema
         .fields()
         .iter()
-        .map(|f| f.as_ref().clone().with_data_type(read_type(f.data_type())))
+        .map(|f| match to(f.data_type()) {
+            Some(t) => f.as_ref().clone().with_data_type(t),
+            None => f.as_ref().clone(),
+        })
         .collect();
     Schema::new_with_metadata(fields, schema.metadata().clone())
 }
@@ -64,15 +72,7 @@ pub fn has_views(schema: &Schema) -> bool {
 
 /// `schema` as clients see it: view columns as plain strings and binaries.
 pub fn plain_schema(schema: &Schema) -> Schema {
-    let fields: Vec<Field> = schema
-        .fields()
-        .iter()
-        .map(|f| match plain_type(f.data_type()) {
-            Some(plain) => f.as_ref().clone().with_data_type(plain),
-            None => f.as_ref().clone(),
-        })
-        .collect();
-    Schema::new_with_metadata(fields, schema.metadata().clone())
+    map_types(schema, plain_type)
 }
 
 /// A query's plan with a projection on top that casts view columns to plain strings and

@@ -72,7 +72,7 @@ pub struct ServerConfig {
     /// data files, generated `tpch` tables) runs whole on one executor, streamed back, instead
     /// of as a Ballista job spread over the cluster; 0 turns this off. Needs streamed stages.
     pub single_node_max_bytes: u64,
-    /// The longest a query may run, in seconds, from the moment its result is asked for
+    /// The longest a Flight SQL client's query may run, in seconds, from the moment its result is asked for
     /// (or a statement is sent) to its last row; longer ones are cancelled with an error.
     /// 0 = no limit. A session may set a shorter one (`SET basin.query_timeout_seconds`).
     pub query_timeout_seconds: u64,

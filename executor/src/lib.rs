@@ -191,8 +191,11 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
     // Ballista returns the same way whether a signal stopped the executor or one of its
     // servers ended on its own (a port another process took): only the first is a clean stop.
     let asked_to_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let watcher = tokio::spawn(watch_stop_signals(asked_to_stop.clone()));
-    let _watcher = AbortOnDrop(watcher);
+    let flag = asked_to_stop.clone();
+    let _watcher = datafusion::common::runtime::SpawnedTask::spawn(async move {
+        stop_signal().await;
+        flag.store(true, std::sync::atomic::Ordering::Release);
+    });
     let mut attempt: u64 = 0;
     loop {
         attempt += 1;
@@ -224,9 +227,9 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
     }
 }
 
-/// Sets `flag` when Ctrl-C or SIGTERM reaches the process (every watcher of a signal sees it,
-/// Ballista's own included).
-async fn watch_stop_signals(flag: Arc<std::sync::atomic::AtomicBool>) {
+/// Resolves when Ctrl-C or SIGTERM reaches the process (never where they cannot be
+/// watched). Every watcher of a signal sees it, Ballista's own included.
+pub async fn stop_signal() {
     #[cfg(unix)]
     let term = async {
         use tokio::signal::unix::{SignalKind, signal};
@@ -242,16 +245,6 @@ async fn watch_stop_signals(flag: Arc<std::sync::atomic::AtomicBool>) {
     tokio::select! {
         Ok(()) = tokio::signal::ctrl_c() => {},
         () = term => {},
-    }
-    flag.store(true, std::sync::atomic::Ordering::Release);
-}
-
-/// Aborts its task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

@@ -55,10 +55,14 @@ pub fn share_repeated_aggregates(
     plan: Arc<dyn ExecutionPlan>,
     codec: &dyn PhysicalExtensionCodec,
 ) -> Arc<dyn ExecutionPlan> {
+    // Each candidate's key, by the node it was computed for (the plan holds every node,
+    // so the addresses stay valid), and how often each key occurs.
+    let mut keys: HashMap<*const (), Vec<u8>> = HashMap::new();
     let mut seen: HashMap<Vec<u8>, usize> = HashMap::new();
     let _ = plan.apply(|node| {
         if let Some(key) = shareable(node, codec) {
-            *seen.entry(key).or_default() += 1;
+            *seen.entry(key.clone()).or_default() += 1;
+            keys.insert(Arc::as_ptr(node) as *const (), key);
         }
         Ok(TreeNodeRecursion::Continue)
     });
@@ -72,8 +76,11 @@ pub fn share_repeated_aggregates(
         return plan;
     }
     let mut states: HashMap<Vec<u8>, Arc<SharedState>> = HashMap::new();
+    // Top-down over the original nodes: a node is only replaced, never rebuilt, before its
+    // subtree is visited, so each visited node is one `keys` has seen.
     let rewritten = plan.clone().transform_down(|node| {
-        let Some(key) = shareable(&node, codec).filter(|k| seen.contains_key(k)) else {
+        let key = keys.remove(&(Arc::as_ptr(&node) as *const ()));
+        let Some(key) = key.filter(|k| seen.contains_key(k)) else {
             return Ok(Transformed::no(node));
         };
         let state = states

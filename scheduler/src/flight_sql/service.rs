@@ -233,10 +233,12 @@ impl BasinFlightSqlService {
         let session = session.map_err(to_status)?;
         // Name the Ballista job after the statement so a cancel can find and stop it.
         name_next_jobs(&session, handle);
-        let limit = self.sessions.time_limit(&session.ctx);
-        let deadline = limit.map(|l| l.deadline());
-        let started = match (limit, deadline) {
-            (Some(limit), Some(deadline)) => {
+        let limit = self
+            .sessions
+            .time_limit(&session.ctx)
+            .map(|l| (l, l.deadline()));
+        let started = match limit {
+            Some((limit, deadline)) => {
                 match tokio::time::timeout_at(deadline, start(&session, plan, params)).await {
                     Ok(started) => started?,
                     Err(_) => {
@@ -248,7 +250,7 @@ impl BasinFlightSqlService {
                     }
                 }
             }
-            _ => start(&session, plan, params).await?,
+            None => start(&session, plan, params).await?,
         };
         let (abort, registration) = AbortHandle::new_pair();
         self.registry
@@ -282,13 +284,13 @@ impl BasinFlightSqlService {
                 Cancellable::new(messages, registration, abandon, cleanup).map_err(to_status),
             ),
         };
-        let flight: DoGetStream = match (limit, deadline) {
-            (Some(limit), Some(deadline)) => Box::pin(Deadline::new(
+        let flight: DoGetStream = match limit {
+            Some((limit, deadline)) => Box::pin(Deadline::new(
                 flight,
                 deadline,
                 Status::deadline_exceeded(limit.message()),
             )),
-            _ => flight,
+            None => flight,
         };
         Ok(Response::new(flight))
     }
