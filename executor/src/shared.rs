@@ -87,7 +87,9 @@ pub fn share_repeated_aggregates(
             .entry(key)
             .or_insert_with(|| {
                 Arc::new(SharedState {
-                    input: node.clone(),
+                    // The one copy every reader shares, with its decimal arithmetic made
+                    // fast here (the rewrite of the whole plan leaves shared subtrees alone).
+                    input: crate::decimal::fast_decimal_arithmetic(node.clone()),
                     partitions: Mutex::new(HashMap::new()),
                 })
             })
@@ -291,6 +293,17 @@ mod tests {
         states.len()
     }
 
+    /// A new physical plan of `sql` (a plan runs once: its repartitions hand their
+    /// partitions out once).
+    async fn plan(ctx: &SessionContext, sql: &str) -> Arc<dyn ExecutionPlan> {
+        ctx.sql(sql)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap()
+    }
+
     async fn rows(ctx: &SessionContext, plan: Arc<dyn ExecutionPlan>) -> Vec<String> {
         let batches = collect(plan, ctx.task_ctx()).await.unwrap();
         let text = pretty_format_batches(&batches).unwrap().to_string();
@@ -310,18 +323,9 @@ mod tests {
             "WITH a AS (SELECT k, count(*) AS c FROM t GROUP BY k) \
              SELECT x.k, x.c, y.c FROM a x JOIN a y ON x.k = y.k",
         ] {
-            // A plan runs once (its repartitions hand their partitions out once): the
-            // expected rows come from a plan of their own.
-            let plan = || async {
-                ctx.sql(sql)
-                    .await
-                    .unwrap()
-                    .create_physical_plan()
-                    .await
-                    .unwrap()
-            };
-            let expected = rows(&ctx, plan().await).await;
-            let shared = share(plan().await);
+            // The expected rows come from a plan of their own.
+            let expected = rows(&ctx, plan(&ctx, sql).await).await;
+            let shared = share(plan(&ctx, sql).await);
             assert_eq!(
                 count(&shared),
                 2,
@@ -330,6 +334,42 @@ mod tests {
             );
             assert_eq!(rows(&ctx, shared).await, expected, "{sql}");
         }
+    }
+
+    /// The decimal rewrite that runs after sharing (as on the executor) keeps one shared
+    /// copy, and that copy has its arithmetic rewritten.
+    #[tokio::test]
+    async fn shared_aggregates_stay_shared_through_the_decimal_rewrite() {
+        let ctx = context().await;
+        let sql = "WITH a AS (SELECT k, sum(CAST(v AS DECIMAL(15, 2)) * (1 - CAST(k AS DECIMAL(15, 2)))) \
+             AS s FROM t GROUP BY k) SELECT k, s FROM a WHERE s = (SELECT max(s) FROM a)";
+        let expected = rows(&ctx, plan(&ctx, sql).await).await;
+        let both = crate::decimal::fast_decimal_arithmetic(share(plan(&ctx, sql).await));
+        assert_eq!(
+            count(&both),
+            2,
+            "{}",
+            displayable(both.as_ref()).indent(true)
+        );
+        let mut fast = 0;
+        both.apply(|node| {
+            if let Some(shared) = node.as_any().downcast_ref::<SharedExec>() {
+                shared.state.input.apply(|n| {
+                    if let Some(a) = n.as_any().downcast_ref::<AggregateExec>() {
+                        fast += a.aggr_expr()[0]
+                            .expressions()
+                            .iter()
+                            .filter(|e| e.as_any().is::<crate::decimal::DecimalArithmetic>())
+                            .count();
+                    }
+                    Ok(TreeNodeRecursion::Continue)
+                })?;
+            }
+            Ok(TreeNodeRecursion::Continue)
+        })
+        .unwrap();
+        assert!(fast > 0, "{}", displayable(both.as_ref()).indent(true));
+        assert_eq!(rows(&ctx, both).await, expected);
     }
 
     #[tokio::test]
@@ -344,14 +384,7 @@ mod tests {
              b AS (SELECT k, sum(v) AS s FROM (VALUES (1, 5), (2, 7)) x(k, v) GROUP BY k) \
              SELECT a.k, a.s, b.s FROM a JOIN b ON a.k = b.k",
         ] {
-            let plan = ctx
-                .sql(sql)
-                .await
-                .unwrap()
-                .create_physical_plan()
-                .await
-                .unwrap();
-            assert_eq!(count(&share(plan)), 0, "{sql}");
+            assert_eq!(count(&share(plan(&ctx, sql).await)), 0, "{sql}");
         }
     }
 }
