@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::prefilter::PrefilterGroups;
+use crate::semijoin::PushDownSemiJoins;
 use async_trait::async_trait;
 use ballista_core::extension::{SessionConfigExt, SessionStateExt};
 use ballista_core::planner::BallistaQueryPlanner;
@@ -71,6 +72,7 @@ pub fn connect(
         .with_query_planner(Arc::new(planner))
         .with_optimizer_rule(Arc::new(RemotePushdown))
         .with_optimizer_rule(Arc::new(PrefilterGroups))
+        .with_optimizer_rule(Arc::new(PushDownSemiJoins))
         .build();
     let ctx = SessionContext::new_with_state(state);
     register_catalogs(&ctx, config, partitions)?;

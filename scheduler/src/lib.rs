@@ -15,6 +15,7 @@ pub mod frontend;
 pub mod joins;
 pub mod limits;
 pub mod prefilter;
+pub mod semijoin;
 pub mod server;
 pub mod session;
 pub mod sql;
