@@ -22,6 +22,9 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::ScalarValue;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::error::Result;
+use datafusion::logical_expr::interval_arithmetic::Interval;
+use datafusion::logical_expr::sort_properties::ExprProperties;
+use datafusion::logical_expr::statistics::Distribution;
 use datafusion::logical_expr::{ColumnarValue, Operator};
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use datafusion::physical_expr::{PhysicalExpr, expressions::BinaryExpr};
@@ -150,6 +153,8 @@ enum Op {
 #[derive(Debug)]
 pub struct DecimalArithmetic {
     original: Arc<BinaryExpr>,
+    /// The operands' types the factors and the result type were computed for.
+    inputs: (DataType, DataType),
     op: Op,
     /// What each side is multiplied by to bring it to the result's scale (`+` and `-`).
     left_factor: i128,
@@ -171,10 +176,11 @@ impl DecimalArithmetic {
             Operator::Multiply => Op::Mul,
             _ => return Ok(None),
         };
-        let (DataType::Decimal128(p1, s1), DataType::Decimal128(p2, s2)) = (
+        let inputs = (
             binary.left().data_type(schema)?,
             binary.right().data_type(schema)?,
-        ) else {
+        );
+        let (DataType::Decimal128(p1, s1), DataType::Decimal128(p2, s2)) = inputs else {
             return Ok(None);
         };
         // Ordinary decimals only: no negative scales, no scale above the precision.
@@ -205,13 +211,9 @@ impl DecimalArithmetic {
         if binary.data_type(schema)? != DataType::Decimal128(precision, scale) {
             return Ok(None);
         }
-        let original = Arc::new(BinaryExpr::new(
-            Arc::clone(binary.left()),
-            *binary.op(),
-            Arc::clone(binary.right()),
-        ));
         Ok(Some(Self {
-            original,
+            original: Arc::new(binary.clone()),
+            inputs,
             op,
             left_factor,
             right_factor,
@@ -374,6 +376,14 @@ impl PhysicalExpr for DecimalArithmetic {
         let len = if scalars { 1 } else { batch.num_rows() };
         let (l, l_scalar) = as_array(left)?;
         let (r, r_scalar) = as_array(right)?;
+        // Operands other than the planned ones (a child that broke its declared type or
+        // length) are left to arrow, which computes or rejects them as before.
+        let fits = |a: &ArrayRef, scalar: bool, t: &DataType| {
+            a.data_type() == t && (scalar || a.len() == len)
+        };
+        if !fits(&l, l_scalar, &self.inputs.0) || !fits(&r, r_scalar, &self.inputs.1) {
+            return self.original.evaluate(batch);
+        }
         let out = self.compute(
             l.as_primitive::<Decimal128Type>(),
             l_scalar,
@@ -402,6 +412,36 @@ impl PhysicalExpr for DecimalArithmetic {
 
     fn fmt_sql(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.original.fmt_sql(f)
+    }
+
+    // What the planner knows about the expression (sort order kept, bounds, statistics)
+    // is the original's: the values are the same.
+    fn get_properties(&self, children: &[ExprProperties]) -> Result<ExprProperties> {
+        self.original.get_properties(children)
+    }
+
+    fn evaluate_bounds(&self, children: &[&Interval]) -> Result<Interval> {
+        self.original.evaluate_bounds(children)
+    }
+
+    fn propagate_constraints(
+        &self,
+        interval: &Interval,
+        children: &[&Interval],
+    ) -> Result<Option<Vec<Interval>>> {
+        self.original.propagate_constraints(interval, children)
+    }
+
+    fn evaluate_statistics(&self, children: &[&Distribution]) -> Result<Distribution> {
+        self.original.evaluate_statistics(children)
+    }
+
+    fn propagate_statistics(
+        &self,
+        parent: &Distribution,
+        children: &[&Distribution],
+    ) -> Result<Option<Vec<Distribution>>> {
+        self.original.propagate_statistics(parent, children)
     }
 }
 
@@ -548,6 +588,34 @@ mod tests {
         let a = decimals(&[Some(huge), Some(1)], 38, 0);
         let b = decimals(&[None, Some(2)], 38, 0);
         check(Operator::Multiply, a, Some(b), None);
+    }
+
+    #[test]
+    fn operands_other_than_the_planned_ones_are_left_to_arrow() {
+        let planned = Schema::new(vec![
+            Field::new("a", DataType::Decimal128(15, 2), true),
+            Field::new("b", DataType::Decimal128(15, 2), true),
+        ]);
+        let expr: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
+            Arc::new(Column::new("a", 0)),
+            Operator::Plus,
+            Arc::new(Column::new("b", 1)),
+        ));
+        let mut changed = false;
+        let fast = rewrite_expr(&expr, &planned, &mut changed).unwrap();
+        assert!(changed);
+        // A batch whose first column is not what the plan said it would be.
+        let a = decimals(&[Some(12345), None], 20, 4);
+        let b = decimals(&[Some(1), Some(2)], 15, 2);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", a.data_type().clone(), true),
+            Field::new("b", b.data_type().clone(), true),
+        ]));
+        let batch = RecordBatch::try_new(schema, vec![a, b]).unwrap();
+        let got = fast.evaluate(&batch).unwrap().into_array(2).unwrap();
+        let want = expr.evaluate(&batch).unwrap().into_array(2).unwrap();
+        assert_eq!(&got, &want);
+        assert_eq!(got.data_type(), &DataType::Decimal128(21, 4));
     }
 
     #[test]

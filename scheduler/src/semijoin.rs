@@ -19,7 +19,7 @@
 //!
 //! It moves through projections that pass its keys through and into the side of a join
 //! its keys come from (either side of an inner join, the preserved side of an outer join,
-//! the filtered side of another semi or anti join). It stops above a filter: the filter is
+//! the filtered side of an anti join). It stops above a filter: the filter is
 //! cheaper per row, and the semi join then probes only the rows that passed it.
 //!
 //! Why the result is the same: a semi join keeps or drops each row of its input by the
@@ -31,8 +31,8 @@
 use std::sync::Arc;
 
 use datafusion::common::tree_node::Transformed;
-use datafusion::common::{Column, JoinType, NullEquality, Result};
-use datafusion::logical_expr::{Expr, Join, LogicalPlan, LogicalPlanBuilder, Projection};
+use datafusion::common::{Column, JoinConstraint, JoinType, NullEquality, Result, plan_err};
+use datafusion::logical_expr::{Expr, Join, LogicalPlan, Projection};
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 
 /// See the module documentation.
@@ -60,9 +60,14 @@ impl OptimizerRule for PushDownSemiJoins {
         let LogicalPlan::Join(join) = &plan else {
             return Ok(Transformed::no(plan));
         };
-        match push_down(join)? {
-            Some(rewritten) => Ok(Transformed::yes(rewritten)),
-            None => Ok(Transformed::no(plan)),
+        // A semi join that cannot be moved stays where it is: the query never fails for it.
+        match push_down(join) {
+            Ok(Some(rewritten)) => Ok(Transformed::yes(rewritten)),
+            Ok(None) => Ok(Transformed::no(plan)),
+            Err(e) => {
+                tracing::debug!(error = %e, "semi join left in place");
+                Ok(Transformed::no(plan))
+            }
         }
     }
 }
@@ -107,16 +112,29 @@ struct Semi<'a> {
 }
 
 impl Semi<'_> {
+    /// `input ⋉ keys side` on exactly these columns (built as is: a builder would
+    /// resolve unqualified or ambiguous names its own way).
     fn place(&self, input: &LogicalPlan, keys: &[Column]) -> Result<LogicalPlan> {
-        LogicalPlanBuilder::from(input.clone())
-            .join_detailed(
-                self.plan.clone(),
-                JoinType::LeftSemi,
-                (keys.to_vec(), self.keys.clone()),
-                None,
-                NullEquality::NullEqualsNothing,
-            )?
-            .build()
+        let resolved = keys.iter().all(|k| input.schema().has_column(k))
+            && self.keys.iter().all(|k| self.plan.schema().has_column(k));
+        if !resolved {
+            return plan_err!("semi join keys {keys:?} = {:?} not found", self.keys);
+        }
+        let on = keys
+            .iter()
+            .zip(&self.keys)
+            .map(|(k, o)| (Expr::Column(k.clone()), Expr::Column(o.clone())))
+            .collect();
+        Ok(LogicalPlan::Join(Join::try_new(
+            Arc::new(input.clone()),
+            Arc::new(self.plan.clone()),
+            on,
+            None,
+            JoinType::LeftSemi,
+            JoinConstraint::On,
+            NullEquality::NullEqualsNothing,
+            false,
+        )?))
     }
 }
 
@@ -139,26 +157,30 @@ fn descend(plan: &LogicalPlan, keys: &[Column], semi: &Semi) -> Result<Option<Lo
                 return Ok(None);
             };
             let input = below(&p.input, &inner)?;
-            Some(LogicalPlan::Projection(Projection::try_new(
+            // The input's schema is the same: so is the projection's.
+            Some(LogicalPlan::Projection(Projection::try_new_with_schema(
                 p.expr.clone(),
                 Arc::new(input),
+                Arc::clone(&p.schema),
             )?))
         }
         LogicalPlan::Join(j) => {
             let on_left = keys.iter().all(|k| j.left.schema().has_column(k));
             let on_right = keys.iter().all(|k| j.right.schema().has_column(k));
-            // The side the keys come from, if the semi join may filter it.
+            // The side the keys come from, if the semi join may filter it. Not through
+            // another semi join: two semi joins on one input would swap places on every
+            // pass of the optimizer.
             let go_left = on_left
                 && !on_right
                 && matches!(
                     j.join_type,
-                    JoinType::Inner | JoinType::Left | JoinType::LeftSemi | JoinType::LeftAnti
+                    JoinType::Inner | JoinType::Left | JoinType::LeftAnti
                 );
             let go_right = on_right
                 && !on_left
                 && matches!(
                     j.join_type,
-                    JoinType::Inner | JoinType::Right | JoinType::RightSemi | JoinType::RightAnti
+                    JoinType::Inner | JoinType::Right | JoinType::RightAnti
                 );
             if !go_left && !go_right {
                 return Ok(None);
@@ -255,6 +277,26 @@ mod tests {
             WHERE c_custkey IN (SELECT o_custkey FROM orders WHERE o_orderkey > 11) ORDER BY 1";
         let expected = rows(&plain, sql).await;
         assert_eq!(rows(&ctx, sql).await, expected);
+    }
+
+    #[tokio::test]
+    async fn a_semi_join_of_a_table_with_itself_gives_the_same_rows() {
+        let sql = "SELECT c_name, orders.o_orderkey FROM customer JOIN orders ON c_custkey = o_custkey \
+            LEFT SEMI JOIN orders ON orders.o_orderkey = orders.o_orderkey ORDER BY 2";
+        let plain = context().await;
+        let expected = plain.sql(sql).await.map(|_| ()).map_err(|e| e.to_string());
+        let ctx = context().await;
+        ctx.add_optimizer_rule(Arc::new(PushDownSemiJoins));
+        match expected {
+            Ok(()) => assert_eq!(rows(&ctx, sql).await, rows(&plain, sql).await),
+            Err(e) => assert_eq!(
+                ctx.sql(sql).await.map(|_| ()).map_err(|e| e.to_string()),
+                Err(e)
+            ),
+        }
+        let sql = "SELECT c_name, o.o_orderkey FROM customer JOIN orders o ON c_custkey = o.o_custkey \
+            LEFT SEMI JOIN orders ON o.o_orderkey = orders.o_orderkey ORDER BY 2";
+        assert_eq!(rows(&ctx, sql).await, rows(&plain, sql).await);
     }
 
     #[tokio::test]
