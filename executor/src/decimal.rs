@@ -232,7 +232,7 @@ impl DecimalArithmetic {
     ) -> Result<ArrayRef> {
         // A null scalar makes every row null, as in arrow.
         if (l_scalar && l.is_null(0)) || (r_scalar && r.is_null(0)) {
-            return Ok(new_null_array(&self.data_type_(), len));
+            return Ok(new_null_array(&self.result_type(), len));
         }
         let nulls = NullBuffer::union(
             if l_scalar { None } else { l.nulls() },
@@ -314,7 +314,7 @@ impl DecimalArithmetic {
         }
     }
 
-    fn data_type_(&self) -> DataType {
+    fn result_type(&self) -> DataType {
         DataType::Decimal128(self.precision, self.scale)
     }
 }
@@ -359,7 +359,7 @@ impl PhysicalExpr for DecimalArithmetic {
     }
 
     fn data_type(&self, _input_schema: &Schema) -> Result<DataType> {
-        Ok(self.data_type_())
+        Ok(self.result_type())
     }
 
     fn nullable(&self, input_schema: &Schema) -> Result<bool> {

@@ -202,7 +202,7 @@ fn always_true(predicate: &Expr) -> bool {
 
 /// The column of `plan`'s input that `plan`'s output column `col` passes on unchanged, for
 /// nodes that rename or pass columns (projections, aliases, filters).
-fn passed_from(plan: &LogicalPlan, col: &Column) -> Option<Column> {
+pub(crate) fn passed_from(plan: &LogicalPlan, col: &Column) -> Option<Column> {
     match plan {
         LogicalPlan::Projection(Projection { expr, schema, .. }) => {
             let i = schema.index_of_column(col).ok()?;

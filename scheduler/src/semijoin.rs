@@ -35,6 +35,8 @@ use datafusion::common::{Column, JoinConstraint, JoinType, NullEquality, Result,
 use datafusion::logical_expr::{Expr, Join, LogicalPlan, Projection};
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 
+use crate::prefilter::passed_from;
+
 /// See the module documentation.
 #[derive(Debug, Default)]
 pub struct PushDownSemiJoins;
@@ -151,7 +153,7 @@ fn descend(plan: &LogicalPlan, keys: &[Column], semi: &Semi) -> Result<Option<Lo
         LogicalPlan::Projection(p) => {
             let Some(inner) = keys
                 .iter()
-                .map(|k| passed_through(p, k))
+                .map(|k| passed_from(plan, k))
                 .collect::<Option<Vec<_>>>()
             else {
                 return Ok(None);
@@ -195,19 +197,6 @@ fn descend(plan: &LogicalPlan, keys: &[Column], semi: &Semi) -> Result<Option<Lo
         }
         _ => None,
     })
-}
-
-/// The input column that projection `p` outputs as `key`, if it passes one through.
-fn passed_through(p: &Projection, key: &Column) -> Option<Column> {
-    let i = p.schema.index_of_column(key).ok()?;
-    match p.expr.get(i)? {
-        Expr::Column(c) => Some(c.clone()),
-        Expr::Alias(a) => match a.expr.as_ref() {
-            Expr::Column(c) => Some(c.clone()),
-            _ => None,
-        },
-        _ => None,
-    }
 }
 
 #[cfg(test)]
