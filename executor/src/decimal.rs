@@ -33,15 +33,17 @@ use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
 use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 
+use crate::conjunction::Conjunction;
 use crate::shared::SharedExec;
 
 /// Rewrites the decimal `+`, `-` and `*` in `plan`'s projections, filters and aggregate
-/// arguments into [`DecimalArithmetic`]. A plan that cannot be rewritten is returned as
-/// it was: this only changes how fast the same values are computed.
+/// arguments into [`DecimalArithmetic`], and a filter's `AND` of several terms into a
+/// [`Conjunction`]. A plan that cannot be rewritten is returned as it was: this only
+/// changes how fast the same values are computed.
 ///
 /// A [`SharedExec`]'s subtree is left alone: rebuilding it would give each reader a copy
 /// of its own. [`crate::shared::share_repeated_aggregates`] rewrites the one shared copy.
-pub fn fast_decimal_arithmetic(plan: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+pub fn fast_expressions(plan: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
     Arc::clone(&plan)
         .transform_down(|node| {
             if node.as_any().is::<SharedExec>() {
@@ -70,7 +72,12 @@ fn rewrite_node(node: Arc<dyn ExecutionPlan>) -> Result<Transformed<Arc<dyn Exec
         }
     } else if let Some(f) = any.downcast_ref::<FilterExec>() {
         let mut changed = false;
-        let predicate = rewrite_expr(f.predicate(), &f.input().schema(), &mut changed)?;
+        let schema = f.input().schema();
+        let mut predicate = rewrite_expr(f.predicate(), &schema, &mut changed)?;
+        if let Some(terms) = Conjunction::try_new(&predicate, &schema)? {
+            predicate = Arc::new(terms);
+            changed = true;
+        }
         if changed {
             let new = FilterExecBuilder::from(f)
                 .with_predicate(predicate)

@@ -87,7 +87,7 @@ impl ExecutionEngine for LoggingEngine {
             job_id,
             stage_id,
             partition_id,
-            crate::decimal::fast_decimal_arithmetic(plan),
+            crate::decimal::fast_expressions(plan),
             work_dir,
             config,
         )?;

@@ -8,6 +8,7 @@
 //!  scheduler ──streamed stage (Flight DoGet)──► executor ──batches──► scheduler
 //! ```
 
+mod conjunction;
 pub mod decimal;
 mod engine;
 mod flight;
