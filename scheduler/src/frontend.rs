@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::prefilter::PrefilterGroups;
 use crate::semijoin::PushDownSemiJoins;
+use crate::series::SeriesProjections;
 use async_trait::async_trait;
 use ballista_core::extension::{SessionConfigExt, SessionStateExt};
 use ballista_core::planner::BallistaQueryPlanner;
@@ -73,6 +74,7 @@ pub fn connect(
         .with_optimizer_rule(Arc::new(RemotePushdown))
         .with_optimizer_rule(Arc::new(PrefilterGroups))
         .with_optimizer_rule(Arc::new(PushDownSemiJoins))
+        .with_physical_optimizer_rule(Arc::new(SeriesProjections))
         .build();
     let ctx = SessionContext::new_with_state(state);
     register_catalogs(&ctx, config, partitions)?;

@@ -16,6 +16,7 @@ pub mod joins;
 pub mod limits;
 pub mod prefilter;
 pub mod semijoin;
+pub mod series;
 pub mod server;
 pub mod session;
 pub mod sql;

@@ -21,6 +21,7 @@ use datafusion::prelude::SessionConfig;
 
 use crate::joins::DistributedSafeJoins;
 use crate::limits::BasinOptions;
+use crate::series::SeriesProjections;
 use crate::views::PlainExchanges;
 
 /// The session configuration every Basin process starts from.
@@ -63,6 +64,7 @@ pub fn session_builder(runtime: Arc<RuntimeEnv>) -> SessionBuilder {
             .with_window_functions(ballista_window_functions())
             .with_query_planner(Arc::new(SchedulerQueryPlanner))
             .with_physical_optimizer_rule(Arc::new(DistributedSafeJoins))
+            .with_physical_optimizer_rule(Arc::new(SeriesProjections))
             .with_physical_optimizer_rule(Arc::new(PlainExchanges))
             .build())
     })

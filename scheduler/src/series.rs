@@ -1,0 +1,68 @@
+//! Counting rows of `generate_series` / `range` on an executor.
+//!
+//! `SELECT count(*) FROM generate_series(1, 10)` scans the series with no column, and
+//! datafusion-proto 53 drops a `LazyMemoryExec`'s projection when it sends the plan to an
+//! executor: the executor's copy builds one-column batches under a schema of none and the
+//! query fails ("number of columns(1) must match number of fields(0)"). [`SeriesProjections`]
+//! runs on the scheduler and moves such a projection out of the generator: the series is
+//! generated whole and an empty `ProjectionExec` above it keeps the row count.
+
+use std::sync::Arc;
+
+use datafusion::common::config::ConfigOptions;
+use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
+use datafusion::error::Result;
+use datafusion::physical_optimizer::PhysicalOptimizerRule;
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::empty::EmptyExec;
+use datafusion::physical_plan::memory::LazyMemoryExec;
+use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
+
+/// See the module documentation.
+#[derive(Debug, Default)]
+pub struct SeriesProjections;
+
+impl PhysicalOptimizerRule for SeriesProjections {
+    fn optimize(
+        &self,
+        plan: Arc<dyn ExecutionPlan>,
+        _config: &ConfigOptions,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        plan.transform_up(|node| {
+            let Some(lazy) = node.as_any().downcast_ref::<LazyMemoryExec>() else {
+                return Ok(Transformed::no(node));
+            };
+            let [generator] = lazy.generators().as_slice() else {
+                return Ok(Transformed::no(node));
+            };
+            if !lazy.schema().fields().is_empty() {
+                return Ok(Transformed::no(node));
+            }
+            // The generator does not say which columns it makes: a fresh copy's first
+            // batch does (a series yields at most a batch of values here).
+            let first = generator
+                .read()
+                .reset_state()
+                .write()
+                .generate_next_batch()?;
+            let whole: Arc<dyn ExecutionPlan> = match first {
+                Some(batch) => Arc::new(LazyMemoryExec::try_new(
+                    batch.schema(),
+                    vec![generator.read().reset_state()],
+                )?),
+                None => Arc::new(EmptyExec::new(lazy.schema())),
+            };
+            let counted = ProjectionExec::try_new(Vec::<ProjectionExpr>::new(), whole)?;
+            Ok(Transformed::yes(Arc::new(counted) as Arc<dyn ExecutionPlan>))
+        })
+        .data()
+    }
+
+    fn name(&self) -> &str {
+        "basin_series_projections"
+    }
+
+    fn schema_check(&self) -> bool {
+        true
+    }
+}
