@@ -10,8 +10,9 @@
 //! - evaluates cheap terms (a column compared with a literal or another column, a null
 //!   test) first, over the whole batch, and combines their bitmaps with a bitwise `AND`
 //!   (Kleene logic, so `NULL` stays `NULL`);
-//! - evaluates a term on the passing rows only when few enough rows are left for the copy
-//!   to pay off, copying just the columns that term reads, and spreads its result back
+//! - evaluates a term only on the rows still undecided (true or null so far) when few
+//!   enough are left for the copy to pay off, copying just the columns that term reads,
+//!   and spreads its result back
 //!   bit by bit;
 //! - stops as soon as no row can pass.
 //!
@@ -55,8 +56,8 @@ enum Cost {
 }
 
 impl Cost {
-    /// Evaluate the term on the passing rows only when at most this share of the batch
-    /// passes so far. Below it, copying the term's columns down to those rows and
+    /// Evaluate the term on the undecided rows only when at most this share of the batch
+    /// is undecided (true or null) so far. Below it, copying the term's columns down to those rows and
     /// spreading the result back costs less than evaluating the term on every row.
     fn preselect_below(self) -> f64 {
         match self {
@@ -111,7 +112,7 @@ impl Conjunction {
             }
             terms.push(Term {
                 expr: Arc::clone(part),
-                projected: project(part)?,
+                projected: project(part, schema)?,
                 cost: cost(part, schema)?,
             });
         }
@@ -125,7 +126,7 @@ impl Conjunction {
 }
 
 /// `expr` rewritten over only the columns it reads, with those columns' indices.
-fn project(expr: &Arc<dyn PhysicalExpr>) -> Result<Option<Projected>> {
+fn project(expr: &Arc<dyn PhysicalExpr>, schema: &Schema) -> Result<Option<Projected>> {
     let mut columns = Vec::new();
     expr.apply(|e| {
         if let Some(c) = e.as_any().downcast_ref::<Column>() {
@@ -151,6 +152,9 @@ fn project(expr: &Arc<dyn PhysicalExpr>) -> Result<Option<Projected>> {
             })
         })?
         .data;
+    // Rebuilding the term made its decimal arithmetic plain again (see `crate::decimal`).
+    let projected =
+        crate::decimal::rewrite_expr(&projected, &schema.project(&columns)?, &mut false)?;
     Ok(Some(Projected {
         columns,
         expr: projected,
@@ -236,8 +240,8 @@ fn boolean(value: ColumnarValue, rows: usize) -> Result<BooleanArray> {
     }
 }
 
-/// `passing AND term` where `passing` has no nulls and `term` holds the term's values
-/// for the passing rows only, in order.
+/// The term's values spread back over the batch: `term` holds them for the rows set in
+/// `passing`, in order; every other row is false.
 fn scatter(passing: &BooleanBuffer, term: &BooleanArray) -> BooleanArray {
     let rows = passing.len();
     let bytes = bit_util::ceil(rows, 8);
@@ -275,14 +279,27 @@ impl Conjunction {
         let mut passing: Option<BooleanArray> = None;
         for term in &self.terms {
             let next = match (&passing, &term.projected) {
-                (Some(p), Some(Projected { columns, expr }))
-                    if p.null_count() == 0
-                        && (p.true_count() as f64) <= term.cost.preselect_below() * rows as f64 =>
-                {
-                    let selection = BooleanArray::new(p.values().clone(), None);
-                    let input = filter_record_batch(&batch.project(columns)?, &selection)?;
-                    let values = boolean(expr.evaluate(&input)?, input.num_rows())?;
-                    scatter(p.values(), &values)
+                (Some(p), Some(Projected { columns, expr })) => {
+                    // The rows the term can still decide: those not already false (a null
+                    // so far is decided by the term: NULL AND FALSE is FALSE).
+                    let candidates = match p.nulls() {
+                        None => p.values().clone(),
+                        Some(n) => p.values() | &!n.inner(),
+                    };
+                    let left = candidates.count_set_bits();
+                    if (left as f64) <= term.cost.preselect_below() * rows as f64 {
+                        let selection = BooleanArray::new(candidates.clone(), None);
+                        let input = filter_record_batch(&batch.project(columns)?, &selection)?;
+                        let values = boolean(expr.evaluate(&input)?, input.num_rows())?;
+                        let spread = scatter(&candidates, &values);
+                        match p.nulls() {
+                            None => spread,
+                            Some(_) => and_kleene(p, &spread)?,
+                        }
+                    } else {
+                        let values = boolean(term.expr.evaluate(batch)?, rows)?;
+                        and_kleene(p, &values)?
+                    }
                 }
                 _ => {
                     let values = boolean(term.expr.evaluate(batch)?, rows)?;
@@ -348,10 +365,13 @@ impl PhysicalExpr for Conjunction {
         children: Vec<Arc<dyn PhysicalExpr>>,
     ) -> Result<Arc<dyn PhysicalExpr>> {
         let original = Arc::clone(&self.original).with_new_children(children)?;
-        Ok(match Conjunction::try_new(&original, &self.schema)? {
-            Some(c) => Arc::new(c),
-            None => original,
-        })
+        // Children over another schema than planned get the plain tree.
+        Ok(
+            match Conjunction::try_new(&original, &self.schema).ok().flatten() {
+                Some(c) => Arc::new(c),
+                None => original,
+            },
+        )
     }
 
     fn fmt_sql(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -527,6 +547,48 @@ mod tests {
         let costs: Vec<Cost> = c.terms.iter().map(|t| t.cost).collect();
         assert_eq!(costs, vec![Cost::Fixed, Cost::Variable, Cost::Other]);
         assert!(Conjunction::try_new(&costly, &schema).unwrap().is_none());
+    }
+
+    /// A term that fails on rows the cheap terms already rejected is not evaluated there,
+    /// also when the cheap terms left nulls (DataFusion's tree evaluates it on every row
+    /// then, and fails).
+    #[test]
+    fn failing_terms_run_only_on_rows_still_undecided() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int32, true),
+            Field::new("d", DataType::Int32, false),
+        ]));
+        let rows = 1000;
+        let a: Int32Array = (0..rows)
+            .map(|i| (i % 10 != 0).then_some(i as i32))
+            .collect();
+        // d is 0 only where a is 3 or more; 100 / d fails there.
+        let d: Int32Array = (0..rows)
+            .map(|i| if i % 10 != 0 && i >= 3 { 0 } else { 1 })
+            .collect();
+        let batch =
+            RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(a), Arc::new(d)]).unwrap();
+        let division = binary(
+            binary(
+                lit(100i32),
+                Operator::Divide,
+                col("d", &schema).unwrap(),
+                &schema,
+            )
+            .unwrap(),
+            Operator::Gt,
+            lit(1i32),
+            &schema,
+        )
+        .unwrap();
+        let less = binary(col("a", &schema).unwrap(), Operator::Lt, lit(3i32), &schema).unwrap();
+        let predicate = binary(division, Operator::And, less, &schema).unwrap();
+        assert!(predicate.evaluate(&batch).is_err());
+        let terms = Conjunction::try_new(&predicate, &schema).unwrap().unwrap();
+        let got = terms.evaluate(&batch).unwrap().into_array(rows).unwrap();
+        let got = got.as_boolean();
+        assert_eq!(got.true_count(), 2); // a = 1 and a = 2
+        assert_eq!(got.null_count(), 100); // a null: NULL AND TRUE
     }
 
     #[test]

@@ -28,10 +28,10 @@ use datafusion::logical_expr::statistics::Distribution;
 use datafusion::logical_expr::{ColumnarValue, Operator};
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use datafusion::physical_expr::{PhysicalExpr, expressions::BinaryExpr};
-use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
 use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 use crate::conjunction::Conjunction;
 use crate::shared::SharedExec;
@@ -74,7 +74,11 @@ fn rewrite_node(node: Arc<dyn ExecutionPlan>) -> Result<Transformed<Arc<dyn Exec
         let mut changed = false;
         let schema = f.input().schema();
         let mut predicate = rewrite_expr(f.predicate(), &schema, &mut changed)?;
-        if let Some(terms) = Conjunction::try_new(&predicate, &schema)? {
+        // A `Conjunction` hides its terms from the filter's equivalence properties (a
+        // `column = literal` term makes the column constant); over ordered input, the
+        // operators above could then choose other (slower) modes when rebuilt.
+        let ordered = f.input().output_ordering().is_some();
+        if !ordered && let Some(terms) = Conjunction::try_new(&predicate, &schema)? {
             predicate = Arc::new(terms);
             changed = true;
         }
@@ -133,7 +137,7 @@ fn rewrite_aggregate(
     })
 }
 
-fn rewrite_expr(
+pub(crate) fn rewrite_expr(
     expr: &Arc<dyn PhysicalExpr>,
     schema: &Schema,
     changed: &mut bool,

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::error::Result;
+use datafusion::functions_table::generate_series::{Empty, GenericSeriesState, TimestampValue};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::empty::EmptyExec;
@@ -35,7 +36,14 @@ impl PhysicalOptimizerRule for SeriesProjections {
             let [generator] = lazy.generators().as_slice() else {
                 return Ok(Transformed::no(node));
             };
-            if !lazy.schema().fields().is_empty() {
+            let series = {
+                let g = generator.read();
+                let any = g.as_any();
+                any.is::<GenericSeriesState<i64>>()
+                    || any.is::<GenericSeriesState<TimestampValue>>()
+                    || any.is::<Empty>()
+            };
+            if !series || !lazy.schema().fields().is_empty() {
                 return Ok(Transformed::no(node));
             }
             // The generator does not say which columns it makes: a fresh copy's first
