@@ -12,6 +12,7 @@ use ballista_executor::execution_engine::{
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::execution_plan::reset_plan_states;
 use datafusion::physical_plan::metrics::MetricsSet;
 use datafusion::prelude::SessionConfig;
 use futures::FutureExt;
@@ -83,6 +84,10 @@ impl ExecutionEngine for LoggingEngine {
             stage_id,
             partition: partition_id,
         };
+        // Ballista decodes a stage's plan once for the partitions it sends an executor
+        // together; each task gets fresh operator state and metrics (otherwise every task
+        // reports the metrics of all of them: EXPLAIN ANALYZE counted files twice).
+        let plan = reset_plan_states(Arc::clone(&plan)).unwrap_or(plan);
         let inner = self.inner.create_query_stage_exec(
             job_id,
             stage_id,

@@ -384,6 +384,33 @@ fn explain_shows_the_distributed_plan() {
     assert!(stdout(&out).contains("output_rows"), "{}", stdout(&out));
 }
 
+/// EXPLAIN ANALYZE of a job whose stage reads several files counts each file once (an
+/// executor that ran several partitions from one decoded plan reported the scan's
+/// counters of all of them for each).
+#[test]
+fn explain_analyze_counts_each_file_once() {
+    let data = scratch_dir("analyzefiles");
+    let out = basin(
+        &[
+            "standalone",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "-e",
+            "CREATE SCHEMA lake.m; \
+             CREATE TABLE lake.m.t AS SELECT * FROM tpch.tiny.nation; \
+             INSERT INTO lake.m.t SELECT * FROM tpch.tiny.nation; \
+             INSERT INTO lake.m.t SELECT * FROM tpch.tiny.nation; \
+             EXPLAIN ANALYZE SELECT count(*) FROM lake.m.t WHERE n_regionkey < 3",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("files=3 of 3"), "{text}");
+    assert!(text.contains("files_scanned=3"), "{text}");
+    let _ = std::fs::remove_dir_all(&data);
+}
+
 #[test]
 fn executor_without_scheduler_fails_clearly() {
     let out = basin(&["executor", "--scheduler", "127.0.0.1:1"], &[]);

@@ -332,6 +332,19 @@ impl ExecutionPlan for IcebergScanExec {
         Some(self.metrics.clone_inner())
     }
 
+    /// The same scan with metrics of its own (an executor that runs several partitions
+    /// of a stage from one decoded plan gives each task its own copy).
+    fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(Self {
+            spec: self.spec.clone(),
+            table_schema: Arc::clone(&self.table_schema),
+            schema: Arc::clone(&self.schema),
+            properties: Arc::clone(&self.properties),
+            metrics: ExecutionPlanMetricsSet::new(),
+            column_stats: self.column_stats.clone(),
+        }))
+    }
+
     fn partition_statistics(&self, partition: Option<usize>) -> Result<Statistics> {
         let tasks: Vec<&FileScanTask> = match partition {
             Some(p) => self
