@@ -33,9 +33,6 @@ use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::arrow::util::bit_util;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::error::{DataFusionError, Result};
-use datafusion::logical_expr::interval_arithmetic::Interval;
-use datafusion::logical_expr::sort_properties::ExprProperties;
-use datafusion::logical_expr::statistics::Distribution;
 use datafusion::logical_expr::{ColumnarValue, Operator};
 use datafusion::physical_expr::expressions::{
     BinaryExpr, Column, IsNotNullExpr, IsNullExpr, Literal, NotExpr,
@@ -378,33 +375,7 @@ impl PhysicalExpr for Conjunction {
         self.original.fmt_sql(f)
     }
 
-    fn get_properties(&self, children: &[ExprProperties]) -> Result<ExprProperties> {
-        self.original.get_properties(children)
-    }
-
-    fn evaluate_bounds(&self, children: &[&Interval]) -> Result<Interval> {
-        self.original.evaluate_bounds(children)
-    }
-
-    fn propagate_constraints(
-        &self,
-        interval: &Interval,
-        children: &[&Interval],
-    ) -> Result<Option<Vec<Interval>>> {
-        self.original.propagate_constraints(interval, children)
-    }
-
-    fn evaluate_statistics(&self, children: &[&Distribution]) -> Result<Distribution> {
-        self.original.evaluate_statistics(children)
-    }
-
-    fn propagate_statistics(
-        &self,
-        parent: &Distribution,
-        children: &[&Distribution],
-    ) -> Result<Option<Vec<Distribution>>> {
-        self.original.propagate_statistics(parent, children)
-    }
+    planned_as_original!();
 }
 
 #[cfg(test)]

@@ -20,123 +20,13 @@ use datafusion::arrow::datatypes::{ArrowNativeTypeOp, DataType, Decimal128Type, 
 use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::ScalarValue;
-use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::error::Result;
-use datafusion::logical_expr::interval_arithmetic::Interval;
-use datafusion::logical_expr::sort_properties::ExprProperties;
-use datafusion::logical_expr::statistics::Distribution;
 use datafusion::logical_expr::{ColumnarValue, Operator};
-use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use datafusion::physical_expr::{PhysicalExpr, expressions::BinaryExpr};
-use datafusion::physical_plan::aggregates::AggregateExec;
-use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
-use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
-use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
-use crate::conjunction::Conjunction;
-use crate::shared::SharedExec;
-
-/// Rewrites the decimal `+`, `-` and `*` in `plan`'s projections, filters and aggregate
-/// arguments into [`DecimalArithmetic`], and a filter's `AND` of several terms into a
-/// [`Conjunction`]. A plan that cannot be rewritten is returned as it was: this only
-/// changes how fast the same values are computed.
-///
-/// A [`SharedExec`]'s subtree is left alone: rebuilding it would give each reader a copy
-/// of its own. [`crate::shared::share_repeated_aggregates`] rewrites the one shared copy.
-pub fn fast_expressions(plan: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
-    Arc::clone(&plan)
-        .transform_down(|node| {
-            if node.as_any().is::<SharedExec>() {
-                return Ok(Transformed::new(node, false, TreeNodeRecursion::Jump));
-            }
-            rewrite_node(node)
-        })
-        .map(|t| t.data)
-        .unwrap_or(plan)
-}
-
-/// `node` with its own expressions rewritten (its input, and so its input's types, stay).
-fn rewrite_node(node: Arc<dyn ExecutionPlan>) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
-    let any = node.as_any();
-    if let Some(p) = any.downcast_ref::<ProjectionExec>() {
-        let schema = p.input().schema();
-        let mut changed = false;
-        let mut exprs = Vec::with_capacity(p.expr().len());
-        for e in p.expr() {
-            let expr = rewrite_expr(&e.expr, &schema, &mut changed)?;
-            exprs.push(ProjectionExpr::new(expr, e.alias.clone()));
-        }
-        if changed {
-            let new = ProjectionExec::try_new(exprs, Arc::clone(p.input()))?;
-            return Ok(Transformed::yes(Arc::new(new)));
-        }
-    } else if let Some(f) = any.downcast_ref::<FilterExec>() {
-        let mut changed = false;
-        let schema = f.input().schema();
-        let mut predicate = rewrite_expr(f.predicate(), &schema, &mut changed)?;
-        // A `Conjunction` hides its terms from the filter's equivalence properties (a
-        // `column = literal` term makes the column constant); over ordered input, the
-        // operators above could then choose other (slower) modes when rebuilt.
-        let ordered = f.input().output_ordering().is_some();
-        if !ordered && let Some(terms) = Conjunction::try_new(&predicate, &schema)? {
-            predicate = Arc::new(terms);
-            changed = true;
-        }
-        if changed {
-            let new = FilterExecBuilder::from(f)
-                .with_predicate(predicate)
-                .build()?;
-            return Ok(Transformed::yes(Arc::new(new)));
-        }
-    } else if let Some(a) = any.downcast_ref::<AggregateExec>() {
-        let schema = a.input_schema();
-        let mut changed = false;
-        let mut aggregates = Vec::with_capacity(a.aggr_expr().len());
-        for agg in a.aggr_expr() {
-            aggregates.push(rewrite_aggregate(agg, &schema, &mut changed)?);
-        }
-        if changed {
-            return Ok(Transformed::yes(Arc::new(
-                a.with_new_aggr_exprs(aggregates),
-            )));
-        }
-    }
-    Ok(Transformed::no(node))
-}
-
-/// The aggregate with its arguments rewritten; one whose rewrite DataFusion does not
-/// support (or that runs reversed, which a rewrite would undo) stays as it is.
-fn rewrite_aggregate(
-    agg: &Arc<AggregateFunctionExpr>,
-    schema: &Schema,
-    changed: &mut bool,
-) -> Result<Arc<AggregateFunctionExpr>> {
-    if agg.is_reversed() {
-        return Ok(Arc::clone(agg));
-    }
-    let mut any = false;
-    let args = agg
-        .expressions()
-        .iter()
-        .map(|e| rewrite_expr(e, schema, &mut any))
-        .collect::<Result<Vec<_>>>()?;
-    if !any {
-        return Ok(Arc::clone(agg));
-    }
-    let order_by = agg
-        .order_bys()
-        .iter()
-        .map(|s| Arc::clone(&s.expr))
-        .collect();
-    Ok(match agg.with_new_expressions(args, order_by) {
-        Some(new) => {
-            *changed = true;
-            Arc::new(new)
-        }
-        None => Arc::clone(agg),
-    })
-}
-
+/// `expr` with its decimal `+`, `-` and `*` as [`DecimalArithmetic`]; sets `changed` when
+/// one was rewritten.
 pub(crate) fn rewrite_expr(
     expr: &Arc<dyn PhysicalExpr>,
     schema: &Schema,
@@ -425,35 +315,7 @@ impl PhysicalExpr for DecimalArithmetic {
         self.original.fmt_sql(f)
     }
 
-    // What the planner knows about the expression (sort order kept, bounds, statistics)
-    // is the original's: the values are the same.
-    fn get_properties(&self, children: &[ExprProperties]) -> Result<ExprProperties> {
-        self.original.get_properties(children)
-    }
-
-    fn evaluate_bounds(&self, children: &[&Interval]) -> Result<Interval> {
-        self.original.evaluate_bounds(children)
-    }
-
-    fn propagate_constraints(
-        &self,
-        interval: &Interval,
-        children: &[&Interval],
-    ) -> Result<Option<Vec<Interval>>> {
-        self.original.propagate_constraints(interval, children)
-    }
-
-    fn evaluate_statistics(&self, children: &[&Distribution]) -> Result<Distribution> {
-        self.original.evaluate_statistics(children)
-    }
-
-    fn propagate_statistics(
-        &self,
-        parent: &Distribution,
-        children: &[&Distribution],
-    ) -> Result<Option<Vec<Distribution>>> {
-        self.original.propagate_statistics(parent, children)
-    }
+    planned_as_original!();
 }
 
 fn as_array(value: ColumnarValue) -> Result<(ArrayRef, bool)> {

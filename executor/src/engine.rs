@@ -92,7 +92,7 @@ impl ExecutionEngine for LoggingEngine {
             job_id,
             stage_id,
             partition_id,
-            crate::decimal::fast_expressions(plan),
+            crate::fast::fast_expressions(plan),
             work_dir,
             config,
         )?;

@@ -86,7 +86,7 @@ impl ExecutorFlight {
             .and_then(|node| node.try_into_physical_plan(&ctx, self.stages.codec.as_ref()))
             .map_err(stage_error)?;
         let plan = crate::shared::share_repeated_aggregates(plan, self.stages.codec.as_ref());
-        let plan = crate::decimal::fast_expressions(plan);
+        let plan = crate::fast::fast_expressions(plan);
         let partition = task.partition_id as usize;
         let partitions = plan.properties().partitioning.partition_count();
         if partition >= partitions {

@@ -8,9 +8,58 @@
 //!  scheduler ──streamed stage (Flight DoGet)──► executor ──batches──► scheduler
 //! ```
 
+/// Inside `impl PhysicalExpr for X`, where `X` computes the same values as its `original`
+/// expression: what the planner knows about it (sort order kept, bounds, statistics) is
+/// the original's.
+macro_rules! planned_as_original {
+    () => {
+        fn get_properties(
+            &self,
+            children: &[datafusion::logical_expr::sort_properties::ExprProperties],
+        ) -> datafusion::error::Result<datafusion::logical_expr::sort_properties::ExprProperties> {
+            self.original.get_properties(children)
+        }
+
+        fn evaluate_bounds(
+            &self,
+            children: &[&datafusion::logical_expr::interval_arithmetic::Interval],
+        ) -> datafusion::error::Result<datafusion::logical_expr::interval_arithmetic::Interval> {
+            self.original.evaluate_bounds(children)
+        }
+
+        fn propagate_constraints(
+            &self,
+            interval: &datafusion::logical_expr::interval_arithmetic::Interval,
+            children: &[&datafusion::logical_expr::interval_arithmetic::Interval],
+        ) -> datafusion::error::Result<
+            Option<Vec<datafusion::logical_expr::interval_arithmetic::Interval>>,
+        > {
+            self.original.propagate_constraints(interval, children)
+        }
+
+        fn evaluate_statistics(
+            &self,
+            children: &[&datafusion::logical_expr::statistics::Distribution],
+        ) -> datafusion::error::Result<datafusion::logical_expr::statistics::Distribution> {
+            self.original.evaluate_statistics(children)
+        }
+
+        fn propagate_statistics(
+            &self,
+            parent: &datafusion::logical_expr::statistics::Distribution,
+            children: &[&datafusion::logical_expr::statistics::Distribution],
+        ) -> datafusion::error::Result<
+            Option<Vec<datafusion::logical_expr::statistics::Distribution>>,
+        > {
+            self.original.propagate_statistics(parent, children)
+        }
+    };
+}
+
 mod conjunction;
 pub mod decimal;
 mod engine;
+mod fast;
 mod flight;
 pub mod shared;
 

@@ -89,7 +89,7 @@ pub fn share_repeated_aggregates(
                 Arc::new(SharedState {
                     // The one copy every reader shares, with its decimal arithmetic made
                     // fast here (the rewrite of the whole plan leaves shared subtrees alone).
-                    input: crate::decimal::fast_expressions(node.clone()),
+                    input: crate::fast::fast_expressions(node.clone()),
                     partitions: Mutex::new(HashMap::new()),
                 })
             })
@@ -344,7 +344,7 @@ mod tests {
         let sql = "WITH a AS (SELECT k, sum(CAST(v AS DECIMAL(15, 2)) * (1 - CAST(k AS DECIMAL(15, 2)))) \
              AS s FROM t GROUP BY k) SELECT k, s FROM a WHERE s = (SELECT max(s) FROM a)";
         let expected = rows(&ctx, plan(&ctx, sql).await).await;
-        let both = crate::decimal::fast_expressions(share(plan(&ctx, sql).await));
+        let both = crate::fast::fast_expressions(share(plan(&ctx, sql).await));
         assert_eq!(
             count(&both),
             2,

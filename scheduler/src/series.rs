@@ -36,23 +36,23 @@ impl PhysicalOptimizerRule for SeriesProjections {
             let [generator] = lazy.generators().as_slice() else {
                 return Ok(Transformed::no(node));
             };
-            let series = {
-                let g = generator.read();
-                let any = g.as_any();
-                any.is::<GenericSeriesState<i64>>()
-                    || any.is::<GenericSeriesState<TimestampValue>>()
-                    || any.is::<Empty>()
-            };
-            if !series || !lazy.schema().fields().is_empty() {
+            if !lazy.schema().fields().is_empty() {
                 return Ok(Transformed::no(node));
             }
             // The generator does not say which columns it makes: a fresh copy's first
-            // batch does (a series yields at most a batch of values here).
-            let first = generator
-                .read()
-                .reset_state()
-                .write()
-                .generate_next_batch()?;
+            // batch does.
+            let fresh = {
+                let g = generator.read();
+                let any = g.as_any();
+                let series = any.is::<GenericSeriesState<i64>>()
+                    || any.is::<GenericSeriesState<TimestampValue>>()
+                    || any.is::<Empty>();
+                series.then(|| g.reset_state())
+            };
+            let Some(fresh) = fresh else {
+                return Ok(Transformed::no(node));
+            };
+            let first = fresh.write().generate_next_batch()?;
             let whole: Arc<dyn ExecutionPlan> = match first {
                 Some(batch) => Arc::new(LazyMemoryExec::try_new(
                     batch.schema(),
