@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::prefilter::PrefilterGroups;
+use crate::prefilter::{PrefilterGroups, PrefilterScans};
 use crate::semijoin::PushDownSemiJoins;
 use crate::series::SeriesProjections;
 use async_trait::async_trait;
@@ -74,6 +74,7 @@ pub fn connect(
         .with_optimizer_rule(Arc::new(RemotePushdown))
         .with_optimizer_rule(Arc::new(PrefilterGroups))
         .with_optimizer_rule(Arc::new(PushDownSemiJoins))
+        .with_optimizer_rule(Arc::new(PrefilterScans))
         .with_physical_optimizer_rule(Arc::new(SeriesProjections))
         .build();
     let ctx = SessionContext::new_with_state(state);

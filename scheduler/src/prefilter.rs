@@ -35,13 +35,14 @@ use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, JoinType, NullEquality, Result, ScalarValue};
+use datafusion::datasource::source_as_provider;
 use datafusion::logical_expr::{
-    Expr, Join, LogicalPlan, LogicalPlanBuilder, Projection, SubqueryAlias,
+    Expr, Join, LogicalPlan, LogicalPlanBuilder, Projection, SubqueryAlias, TableScan,
 };
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 
 /// The alias of the key sources this rule adds; a plan that has one is not rewritten again.
-const KEYS: &str = "__basin_group_keys";
+const KEYS: &str = "__basin_join_keys";
 
 /// See the module documentation.
 #[derive(Debug, Default)]
@@ -65,14 +66,22 @@ impl OptimizerRule for PrefilterGroups {
         plan: LogicalPlan,
         _config: &dyn OptimizerConfig,
     ) -> Result<Transformed<LogicalPlan>> {
-        let LogicalPlan::Join(join) = &plan else {
-            return Ok(Transformed::no(plan));
-        };
-        match prefilter(join)? {
-            Some(rewritten) => Ok(Transformed::yes(rewritten)),
-            None => Ok(Transformed::no(plan)),
-        }
+        on_join(plan, prefilter)
     }
+}
+
+/// `rewrite` applied to `plan` when it is a join.
+fn on_join(
+    plan: LogicalPlan,
+    rewrite: fn(&Join) -> Result<Option<LogicalPlan>>,
+) -> Result<Transformed<LogicalPlan>> {
+    let LogicalPlan::Join(join) = &plan else {
+        return Ok(Transformed::no(plan));
+    };
+    Ok(match rewrite(join)? {
+        Some(rewritten) => Transformed::yes(rewritten),
+        None => Transformed::no(plan),
+    })
 }
 
 #[derive(Clone, Copy)]
@@ -81,19 +90,35 @@ enum Side {
     Right,
 }
 
-/// The join with one side's aggregate pre-filtered, or `None` when no side qualifies.
-fn prefilter(join: &Join) -> Result<Option<LogicalPlan>> {
+/// The sides of `join` whose rows without a partner on the other side never reach the
+/// output (none for a join that compares NULLs as equal or is null-aware).
+fn partnered_sides(join: &Join) -> &'static [Side] {
     if join.null_equality != NullEquality::NullEqualsNothing || join.null_aware {
-        return Ok(None);
+        return &[];
     }
-    // The sides whose rows without a partner on the other side never reach the output.
-    let sides: &[Side] = match join.join_type {
+    match join.join_type {
         JoinType::Inner => &[Side::Right, Side::Left],
         JoinType::Left | JoinType::LeftSemi => &[Side::Right],
         JoinType::Right | JoinType::RightSemi => &[Side::Left],
         _ => &[],
-    };
-    for &side in sides {
+    }
+}
+
+/// Whether `join` passes each row of one side (the left one when `on_left`) at most as
+/// itself, so that rows of that side may be cut below it: not when they are the side that
+/// NULL-padded rows come from for the other one.
+fn passes_rows_as_themselves(join: &Join, on_left: bool) -> bool {
+    match join.join_type {
+        JoinType::Inner => true,
+        JoinType::Left | JoinType::LeftSemi | JoinType::LeftAnti => on_left,
+        JoinType::Right | JoinType::RightSemi | JoinType::RightAnti => !on_left,
+        _ => false,
+    }
+}
+
+/// The join with one side's aggregate pre-filtered, or `None` when no side qualifies.
+fn prefilter(join: &Join) -> Result<Option<LogicalPlan>> {
+    for &side in partnered_sides(join) {
         let (grouped, other) = match side {
             Side::Left => (&join.left, &join.right),
             Side::Right => (&join.right, &join.left),
@@ -109,7 +134,7 @@ fn prefilter(join: &Join) -> Result<Option<LogicalPlan>> {
                 Side::Left => (l, r),
                 Side::Right => (r, l),
             };
-            let Some(source) = key_source(other, other_key) else {
+            let Some(source) = key_source(other, other_key).filter(repeatable) else {
                 continue;
             };
             let Some(rewritten) = reduce_groups(grouped, group_key, &source)? else {
@@ -171,6 +196,25 @@ struct KeySource {
     key: Column,
     /// The scanned table (a rule never pre-filters a table by itself).
     table: String,
+}
+
+/// Whether reading the source a second time yields the same rows: no volatile expression
+/// (`random()`) and no row limit (a `LIMIT` without order may keep other rows).
+fn repeatable(source: &KeySource) -> bool {
+    let mut repeatable = true;
+    let _ = source.plan.apply(|node| {
+        let limited = match node {
+            LogicalPlan::TableScan(scan) => scan.fetch.is_some(),
+            LogicalPlan::Limit(_) => true,
+            _ => false,
+        };
+        if limited || node.expressions().iter().any(Expr::is_volatile) {
+            repeatable = false;
+            return Ok(datafusion::common::tree_node::TreeNodeRecursion::Stop);
+        }
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    });
+    repeatable
 }
 
 /// A chain of projections, filters and aliases over one table scan: its table's name and
@@ -326,16 +370,8 @@ fn place_semi_join(
         }
         LogicalPlan::Join(join) => {
             let on_left = join.left.schema().has_column(key);
-            // The rows of the side `key` is on may be cut when the join passes on each of
-            // them at most as themselves: not when they are the side NULL-padded rows come
-            // from for the other one.
-            let ok = match join.join_type {
-                JoinType::Inner => true,
-                JoinType::Left | JoinType::LeftSemi | JoinType::LeftAnti => on_left,
-                JoinType::Right | JoinType::RightSemi | JoinType::RightAnti => !on_left,
-                _ => false,
-            };
-            ok.then(|| (if on_left { 0 } else { 1 }, key.clone()))
+            passes_rows_as_themselves(join, on_left)
+                .then(|| (if on_left { 0 } else { 1 }, key.clone()))
         }
         _ => None,
     };
@@ -378,6 +414,260 @@ fn semi_join(plan: &LogicalPlan, key: &Column, source: &KeySource) -> Result<Opt
         )?
         .build()
         .map(Some)
+}
+
+/// A table's rows must be at least this many times a key source's for [`PrefilterScans`] to
+/// pre-filter it: the semi join costs a second read of the source and a probe per row.
+const SCAN_TO_SOURCE_ROWS: usize = 8;
+
+/// Scans pre-filtered by the keys of a small filtered table they are joined with further up.
+///
+/// DataFusion joins tables in the order of the `FROM` clause. In TPC-H Q7 the nations that
+/// select suppliers and customers are joined last: every lineitem of every supplier goes
+/// through the joins with orders and customers first, and the last join drops most of them
+/// (Q7 keeps two nations of 25; Q21 one). DuckDB's join order puts the selective dimension
+/// first. This rule gets the same early cut with plain logical operators: for a join
+/// `a = b` whose `b` side's keys come from a small filtered source (a filtered scan, or a
+/// tree of scans, filters, inner and semi joins such as `nation ⋈ σ region`), the scan that
+/// produces `a` deep in the other side keeps only rows whose key the source yields, by a
+/// semi join placed right above that scan (as [`PrefilterGroups`] does for an aggregate's
+/// input):
+///
+/// ```text
+///  before:  Join(s_nationkey = n_nationkey)          after:  Join(s_nationkey = n_nationkey)
+///             ├─ Join(s_suppkey = l_suppkey)                   ├─ Join(s_suppkey = l_suppkey)
+///             │    ├─ supplier                                 │    ├─ RightSemi(k = s_nationkey)
+///             │    └─ lineitem                                 │    │    ├─ σ nation as k
+///             └─ σ nation                                      │    │    └─ supplier
+///                                                              │    └─ lineitem
+///                                                              └─ σ nation
+/// ```
+///
+/// It applies only when the scan is of another table than the source's, has at least
+/// [`SCAN_TO_SOURCE_ROWS`] times the rows of the source's largest table, and meets a table
+/// with that many times its own rows in a join of its side below the cutting join (so never
+/// right next to it, where the join itself is the cut), as the tables' statistics say (a
+/// table without statistics is never pre-filtered nor used as a source). The cut is then a
+/// probe per row of a small table that spares the joins above it the rows it drops; a large
+/// table is left to its joins (TPC-H Q20's partsupp cut by suppliers cost more than it saved).
+/// Why the result is the same: see the module documentation; a scan row whose key the
+/// source does not yield can only form rows the join drops.
+#[derive(Debug, Default)]
+pub struct PrefilterScans;
+
+impl OptimizerRule for PrefilterScans {
+    fn name(&self) -> &str {
+        "basin_prefilter_scans"
+    }
+
+    fn apply_order(&self) -> Option<ApplyOrder> {
+        Some(ApplyOrder::BottomUp)
+    }
+
+    fn supports_rewrite(&self) -> bool {
+        true
+    }
+
+    fn rewrite(
+        &self,
+        plan: LogicalPlan,
+        _config: &dyn OptimizerConfig,
+    ) -> Result<Transformed<LogicalPlan>> {
+        on_join(plan, prefilter_scans)
+    }
+}
+
+/// The join with a scan of one side pre-filtered by the other side's keys, or `None`.
+fn prefilter_scans(join: &Join) -> Result<Option<LogicalPlan>> {
+    // Every key of the join may cut a scan (a join on a supplier's key and on its nation
+    // may cut the line items by the one and the customers by the other).
+    let (mut left, mut right) = (join.left.as_ref().clone(), join.right.as_ref().clone());
+    let mut changed = false;
+    for &side in partnered_sides(join) {
+        for (l, r) in &join.on {
+            let (Expr::Column(l), Expr::Column(r)) = (l, r) else {
+                continue;
+            };
+            let (target, other, target_key, other_key) = match side {
+                Side::Left => (&left, &right, l, r),
+                Side::Right => (&right, &left, r, l),
+            };
+            let Some(source) = key_source(other, other_key)
+                .or_else(|| small_tree_source(other, other_key))
+                .filter(repeatable)
+            else {
+                continue;
+            };
+            let Some(source_rows) = max_scan_rows(&source.plan) else {
+                continue;
+            };
+            let place = Placement {
+                source: &source,
+                source_rows,
+                source_tables: scanned_tables(&source.plan),
+            };
+            let Some(rewritten) = place.at_scan(target, target_key, 0)? else {
+                continue;
+            };
+            tracing::debug!(key = %target_key, source = %source.table, "scan pre-filtered by join key");
+            match side {
+                Side::Left => left = rewritten,
+                Side::Right => right = rewritten,
+            }
+            changed = true;
+        }
+    }
+    if !changed {
+        return Ok(None);
+    }
+    let plan = LogicalPlan::Join(join.clone());
+    plan.with_new_exprs(plan.expressions(), vec![left, right])
+        .map(Some)
+}
+
+/// `plan` itself as the source of its column `col`, when it is a tree of scans, filters,
+/// projections, inner and semi joins that filters rows somewhere (`nation ⋈ σ region`, or a
+/// table a semi join cut).
+fn small_tree_source(plan: &LogicalPlan, col: &Column) -> Option<KeySource> {
+    fn plain(plan: &LogicalPlan, filtered: &mut bool) -> bool {
+        match plan {
+            LogicalPlan::TableScan(scan) => {
+                *filtered |= scan.filters.iter().any(|f| !always_true(f));
+                true
+            }
+            LogicalPlan::Filter(f) => {
+                *filtered |= !always_true(&f.predicate);
+                plain(&f.input, filtered)
+            }
+            LogicalPlan::Projection(_) | LogicalPlan::SubqueryAlias(_) => {
+                plain(plan.inputs()[0], filtered)
+            }
+            LogicalPlan::Join(j) if j.null_equality == NullEquality::NullEqualsNothing => {
+                match j.join_type {
+                    JoinType::Inner => {}
+                    JoinType::LeftSemi | JoinType::RightSemi => *filtered = true,
+                    _ => return false,
+                }
+                plain(&j.left, filtered) && plain(&j.right, filtered)
+            }
+            _ => false,
+        }
+    }
+    let mut filtered = false;
+    (plain(plan, &mut filtered) && filtered).then(|| KeySource {
+        plan: plan.clone(),
+        key: col.clone(),
+        table: scanned_tables(plan).join(" ⋈ "),
+    })
+}
+
+/// The tables `plan` scans.
+fn scanned_tables(plan: &LogicalPlan) -> Vec<String> {
+    let mut tables = Vec::new();
+    let _ = plan.apply(|node| {
+        if let LogicalPlan::TableScan(scan) = node {
+            tables.push(scan.table_name.to_string());
+        }
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    });
+    tables
+}
+
+/// The rows of the largest table `plan` scans, by the tables' statistics; `None` when a
+/// table has none.
+fn max_scan_rows(plan: &LogicalPlan) -> Option<usize> {
+    let mut max = Some(0usize);
+    let _ = plan.apply(|node| {
+        if let LogicalPlan::TableScan(scan) = node {
+            max = max.zip(scan_rows(scan)).map(|(a, b)| a.max(b));
+        }
+        Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
+    });
+    max
+}
+
+fn scan_rows(scan: &TableScan) -> Option<usize> {
+    let provider = source_as_provider(&scan.source).ok()?;
+    provider.statistics()?.num_rows.get_value().copied()
+}
+
+/// Where [`PrefilterScans`] puts its semi join.
+struct Placement<'a> {
+    source: &'a KeySource,
+    source_rows: usize,
+    source_tables: Vec<String>,
+}
+
+impl Placement<'_> {
+    /// `plan` with the scan chain that produces `key` pre-filtered, when it is worth it;
+    /// `None` otherwise. `partner_rows`: the rows of the largest table the chain's rows meet
+    /// in the joins above it (up to the join whose keys cut it).
+    fn at_scan(
+        &self,
+        plan: &LogicalPlan,
+        key: &Column,
+        partner_rows: usize,
+    ) -> Result<Option<LogicalPlan>> {
+        if let Some((table, _)) = scan_chain(plan) {
+            let LogicalPlan::TableScan(scan) = innermost(plan) else {
+                return Ok(None);
+            };
+            // Larger than the source by far, and itself a small side of a join with a larger
+            // table: the cut is then cheap (a probe per row of a small table) and spares the
+            // joins above it the rows it drops. A fact table is cut by its joins anyway.
+            let worth = scan_rows(scan).is_some_and(|rows| {
+                rows >= self.source_rows.saturating_mul(SCAN_TO_SOURCE_ROWS)
+                    && partner_rows >= rows.saturating_mul(SCAN_TO_SOURCE_ROWS)
+            });
+            if !worth || self.source_tables.contains(&table) {
+                return Ok(None);
+            }
+            return semi_join(plan, key, self.source);
+        }
+        let (i, inner) = match plan {
+            LogicalPlan::Projection(_) | LogicalPlan::SubqueryAlias(_) | LogicalPlan::Filter(_) => {
+                match passed_from(plan, key) {
+                    Some(inner) => (0, inner),
+                    None => return Ok(None),
+                }
+            }
+            // A scan pre-filtered before (by this rule or by `PrefilterGroups`).
+            LogicalPlan::Join(join) if is_keys(&join.left) || is_keys(&join.right) => {
+                return Ok(None);
+            }
+            LogicalPlan::Join(join) => {
+                let on_left = join.left.schema().has_column(key);
+                if !passes_rows_as_themselves(join, on_left) {
+                    return Ok(None);
+                }
+                (if on_left { 0 } else { 1 }, key.clone())
+            }
+            _ => return Ok(None),
+        };
+        let partner_rows = match plan {
+            LogicalPlan::Join(join) => {
+                let partner = if i == 0 { &join.right } else { &join.left };
+                partner_rows.max(max_scan_rows(partner).unwrap_or(0))
+            }
+            _ => partner_rows,
+        };
+        let Some(reduced) = self.at_scan(plan.inputs()[i], &inner, partner_rows)? else {
+            return Ok(None);
+        };
+        let mut inputs: Vec<LogicalPlan> = plan.inputs().into_iter().cloned().collect();
+        inputs[i] = reduced;
+        plan.with_new_exprs(plan.expressions(), inputs).map(Some)
+    }
+}
+
+/// The table scan at the bottom of a scan chain.
+fn innermost(plan: &LogicalPlan) -> &LogicalPlan {
+    match plan {
+        LogicalPlan::Filter(_) | LogicalPlan::Projection(_) | LogicalPlan::SubqueryAlias(_) => {
+            innermost(plan.inputs()[0])
+        }
+        other => other,
+    }
 }
 
 #[cfg(test)]
@@ -598,5 +888,182 @@ mod tests {
         let (plan, _) = run(&ctx, sql).await;
         let aliases = plan.matches(&format!("SubqueryAlias: {KEYS}")).count();
         assert_eq!(aliases, 1, "{plan}");
+    }
+
+    /// A table that reports `rows` rows, whatever it holds (the rule weighs tables by their
+    /// statistics; memory tables have none).
+    #[derive(Debug)]
+    struct Counted {
+        table: datafusion::datasource::MemTable,
+        rows: usize,
+    }
+
+    #[async_trait::async_trait]
+    impl datafusion::datasource::TableProvider for Counted {
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+        fn schema(&self) -> datafusion::arrow::datatypes::SchemaRef {
+            self.table.schema()
+        }
+        fn table_type(&self) -> datafusion::datasource::TableType {
+            datafusion::datasource::TableType::Base
+        }
+        async fn scan(
+            &self,
+            state: &dyn datafusion::catalog::Session,
+            projection: Option<&Vec<usize>>,
+            filters: &[Expr],
+            limit: Option<usize>,
+        ) -> Result<Arc<dyn datafusion::physical_plan::ExecutionPlan>> {
+            self.table.scan(state, projection, filters, limit).await
+        }
+        fn statistics(&self) -> Option<datafusion::common::Statistics> {
+            let mut stats = datafusion::common::Statistics::new_unknown(&self.table.schema());
+            stats.num_rows = datafusion::common::stats::Precision::Inexact(self.rows);
+            Some(stats)
+        }
+    }
+
+    /// Nations (`nat`, with regions `reg`), suppliers (`sup`) and their line items (`li`);
+    /// `stats`: whether the tables report their rows.
+    async fn star(with_rule: bool, stats: bool) -> SessionContext {
+        let mut state = SessionStateBuilder::new().with_default_features();
+        if with_rule {
+            state = state.with_optimizer_rule(Arc::new(PrefilterScans));
+        }
+        let ctx = SessionContext::new_with_state(state.build());
+        let tables = [
+            (
+                "reg",
+                "SELECT * FROM (VALUES (1, 'asia'), (2, 'europe')) AS t(rk, rname)",
+                2,
+            ),
+            (
+                "nat",
+                "SELECT * FROM (VALUES (1, 'fr', 2), (2, 'de', 2), (3, 'jp', 1), \
+                 (CAST(NULL AS INT), 'xx', 1)) AS t(nk, name, rk)",
+                4,
+            ),
+            (
+                "sup",
+                "SELECT * FROM (VALUES (10, 1), (11, 2), (12, 3), (13, CAST(NULL AS INT)), \
+                 (14, 1), (15, 9)) AS t(sk, nk)",
+                20_000,
+            ),
+            (
+                "li",
+                "SELECT * FROM (VALUES (10, 1.5), (10, 2.5), (11, 3.0), (12, 4.0), (13, 5.0), \
+                 (15, 6.0), (CAST(NULL AS INT), 7.0), (16, 8.0)) AS t(sk, price)",
+                1_000_000,
+            ),
+        ];
+        for (name, sql, rows) in tables {
+            let df = ctx.sql(sql).await.unwrap();
+            let schema = Arc::new(df.schema().as_arrow().clone());
+            let batches = df.collect().await.unwrap();
+            let table = datafusion::datasource::MemTable::try_new(schema, vec![batches]).unwrap();
+            let provider: Arc<dyn datafusion::datasource::TableProvider> = if stats {
+                Arc::new(Counted { table, rows })
+            } else {
+                Arc::new(table)
+            };
+            ctx.register_table(name, provider).unwrap();
+        }
+        ctx
+    }
+
+    #[tokio::test]
+    async fn scans_deep_in_a_join_are_cut_by_a_small_filtered_dimension() {
+        let cases: &[(&str, bool)] = &[
+            // TPC-H Q7's shape: suppliers and their items first, the nations last.
+            (
+                "SELECT s.sk, l.price, n.name FROM sup s, li l, nat n \
+                 WHERE s.sk = l.sk AND s.nk = n.nk AND n.name IN ('fr', 'jp')",
+                true,
+            ),
+            // The dimension a join of nations and one region, joined first.
+            (
+                "SELECT s.sk, l.price FROM sup s, li l, \
+                 (SELECT nk FROM nat, reg WHERE nat.rk = reg.rk AND rname = 'europe') n \
+                 WHERE s.sk = l.sk AND s.nk = n.nk",
+                true,
+            ),
+            // Q5's order, the region joined last (above the nations): its keys would cut only
+            // the nations, a table too small to be worth it; left alone.
+            (
+                "SELECT s.sk, l.price FROM sup s, li l, nat n, reg r \
+                 WHERE s.sk = l.sk AND s.nk = n.nk AND n.rk = r.rk AND r.rname = 'europe'",
+                false,
+            ),
+            // The suppliers on the kept side of a LEFT JOIN, cut by an inner join above.
+            (
+                "SELECT s.sk, l.price FROM sup s LEFT JOIN li l ON s.sk = l.sk \
+                 JOIN nat n ON s.nk = n.nk WHERE n.name = 'fr'",
+                true,
+            ),
+            // A RIGHT JOIN keeps every nation: its other side's rows without one go.
+            (
+                "SELECT s.sk, l.price, n.name FROM sup s JOIN li l ON s.sk = l.sk \
+                 RIGHT JOIN (SELECT * FROM nat WHERE name <> 'de') n ON s.nk = n.nk",
+                true,
+            ),
+            // The suppliers on the NULL-padded side of a LEFT JOIN: left alone.
+            (
+                "SELECT l.price, s.sk FROM li l LEFT JOIN sup s ON s.sk = l.sk \
+                 JOIN nat n ON s.nk = n.nk WHERE n.name = 'fr'",
+                false,
+            ),
+            // A FULL JOIN keeps every row of both sides.
+            (
+                "SELECT s.sk, l.price, n.name FROM sup s JOIN li l ON s.sk = l.sk \
+                 FULL JOIN (SELECT * FROM nat WHERE name = 'fr') n ON s.nk = n.nk",
+                false,
+            ),
+            // Right next to the join, the join itself is the cut.
+            (
+                "SELECT s.sk, n.name FROM sup s JOIN nat n ON s.nk = n.nk WHERE n.name = 'fr'",
+                false,
+            ),
+            // An unfiltered dimension cuts nothing.
+            (
+                "SELECT s.sk, l.price FROM sup s, li l, nat n WHERE s.sk = l.sk AND s.nk = n.nk",
+                false,
+            ),
+            // A source read twice must give the same rows: no random() filter, no LIMIT.
+            (
+                "SELECT s.sk, l.price FROM sup s, li l, \
+                 (SELECT * FROM nat WHERE random() < 2.0) n \
+                 WHERE s.sk = l.sk AND s.nk = n.nk",
+                false,
+            ),
+            (
+                "SELECT s.sk, l.price FROM sup s, li l, (SELECT * FROM nat LIMIT 2) n \
+                 WHERE s.sk = l.sk AND s.nk = n.nk",
+                false,
+            ),
+            // A source about as large as the scan is not worth a second read.
+            (
+                "SELECT s.sk, n.name FROM nat n, sup s, (SELECT * FROM li WHERE price > 2) l \
+                 WHERE s.sk = l.sk AND s.nk = n.nk",
+                false,
+            ),
+        ];
+        let (with, without) = (star(true, true).await, star(false, true).await);
+        for (sql, rewritten) in cases {
+            let (plan, rows) = run(&with, sql).await;
+            let (_, expected) = run(&without, sql).await;
+            assert_eq!(rows, expected, "{sql}\n{plan}");
+            assert_eq!(plan.contains(KEYS), *rewritten, "{sql}\n{plan}");
+            // Optimized once more, the plan gains no further cut.
+            let optimized = with.sql(sql).await.unwrap().into_optimized_plan().unwrap();
+            let again = with.state().optimize(&optimized).unwrap();
+            let cuts = |p: &LogicalPlan| p.display_indent().to_string().matches(KEYS).count();
+            assert_eq!(cuts(&again), cuts(&optimized), "{plan}");
+        }
+        // Tables without statistics are never weighed, so never cut.
+        let blind = star(true, false).await;
+        let (plan, _) = run(&blind, cases[0].0).await;
+        assert!(!plan.contains(KEYS), "{plan}");
     }
 }

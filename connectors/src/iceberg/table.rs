@@ -8,6 +8,8 @@ use std::sync::{Arc, LazyLock, Mutex};
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::catalog::Session;
+use datafusion::common::Statistics;
+use datafusion::common::stats::Precision;
 use datafusion::datasource::{TableProvider, TableType};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
@@ -570,6 +572,25 @@ impl TableProvider for IcebergTableProvider {
         // Iceberg prunes files and row groups with what it can convert; rows are still
         // filtered by DataFusion.
         Ok(vec![TableProviderFilterPushDown::Inexact; filters.len()])
+    }
+
+    /// The rows of the snapshot read, from its summary (`total-records`, before row-level
+    /// deletes): what the scheduler weighs tables by when it rewrites a plan.
+    fn statistics(&self) -> Option<Statistics> {
+        let rows = self
+            .spec
+            .snapshot_id
+            .and_then(|id| self.spec.metadata.snapshot_by_id(id))?
+            .summary()
+            .additional_properties
+            .get("total-records")?
+            .parse::<usize>()
+            .ok()?;
+        Some(Statistics {
+            num_rows: Precision::Inexact(rows),
+            total_byte_size: Precision::Absent,
+            column_statistics: Statistics::unknown_column(&self.schema),
+        })
     }
 
     async fn scan(
