@@ -115,7 +115,7 @@ fn mariadb(url: &str, sql: &str) -> String {
 struct Fixture {
     s: Servers,
     name: String,
-    dir: PathBuf,
+    dir: crate::Scratch,
     config: PathBuf,
 }
 

@@ -7,7 +7,7 @@ mod shell;
 mod standalone;
 
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -26,8 +26,37 @@ pub fn basin(args: &[&str], envs: &[(&str, &str)]) -> Output {
     out
 }
 
-/// A fresh directory for one test.
-pub fn scratch_dir(name: &str) -> PathBuf {
+/// A fresh directory for one test, removed with everything in it when the value is dropped.
+pub struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<Path> for Scratch {
+    fn as_ref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for Scratch {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A fresh directory for one test (see [`Scratch`]).
+pub fn scratch_dir(name: &str) -> Scratch {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static N: AtomicUsize = AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!(
@@ -37,7 +66,7 @@ pub fn scratch_dir(name: &str) -> PathBuf {
     ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create scratch dir");
-    dir
+    Scratch(dir)
 }
 
 pub fn stdout(o: &Output) -> String {
@@ -74,8 +103,9 @@ pub trait RunWithin {
 
 impl RunWithin for Command {
     fn run_within(&mut self) -> Output {
-        let log = (!self.get_envs().any(|(k, _)| k == "BASIN_LOG_FILE"))
-            .then(|| scratch_dir("log").join("basin.log"));
+        let log_dir =
+            (!self.get_envs().any(|(k, _)| k == "BASIN_LOG_FILE")).then(|| scratch_dir("log"));
+        let log = log_dir.as_ref().map(|d| d.join("basin.log"));
         if let Some(log) = &log {
             self.env("BASIN_LOG_FILE", log);
         }
@@ -120,9 +150,6 @@ impl RunWithin for Command {
             }
             std::thread::sleep(Duration::from_millis(10));
         };
-        if let Some(log) = &log {
-            let _ = std::fs::remove_dir_all(log.parent().expect("log dir"));
-        }
         Output {
             status,
             stdout: out.join().unwrap_or_default(),

@@ -1,9 +1,9 @@
 //! `basin standalone` end to end: results, formats, configuration errors, bad SQL.
 
-use crate::{basin, scratch_dir, stderr, stdout};
+use crate::{Scratch, basin, scratch_dir, stderr, stdout};
 
 /// A scratch folder holding a `basin.toml` with `toml`; returns the folder and the file.
-fn config_file(name: &str, toml: &str) -> (std::path::PathBuf, String) {
+fn config_file(name: &str, toml: &str) -> (Scratch, String) {
     let dir = scratch_dir(name);
     let file = dir.join("basin.toml");
     std::fs::write(&file, toml).unwrap();
