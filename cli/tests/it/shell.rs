@@ -3,14 +3,18 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::{basin, scratch_dir, stderr, stdout};
+use crate::{Scratch, basin, scratch_dir, stderr, stdout};
 
-struct Server(std::process::Child);
+/// A running server and its data directory, removed once the server is stopped.
+struct Server {
+    child: std::process::Child,
+    _data: Scratch,
+}
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -35,7 +39,7 @@ fn start_server() -> (Server, String) {
         .stderr(Stdio::null())
         .spawn()
         .expect("start basin standalone");
-    let server = Server(child);
+    let server = Server { child, _data: data };
     let start = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(
