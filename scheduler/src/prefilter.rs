@@ -220,16 +220,20 @@ fn repeatable(source: &KeySource) -> bool {
 /// A chain of projections, filters and aliases over one table scan: its table's name and
 /// whether anything in it filters rows.
 fn scan_chain(plan: &LogicalPlan) -> Option<(String, bool)> {
+    chain_scan(plan).map(|(scan, filtered)| (scan.table_name.to_string(), filtered))
+}
+
+/// [`scan_chain`] with the scan itself.
+fn chain_scan(plan: &LogicalPlan) -> Option<(&TableScan, bool)> {
     match plan {
         LogicalPlan::TableScan(scan) => Some((
-            scan.table_name.to_string(),
+            scan,
             scan.filters.iter().any(|f| !always_true(f)) || scan.fetch.is_some(),
         )),
-        LogicalPlan::Filter(f) => {
-            scan_chain(&f.input).map(|(t, filtered)| (t, filtered || !always_true(&f.predicate)))
-        }
-        LogicalPlan::Projection(p) => scan_chain(&p.input),
-        LogicalPlan::SubqueryAlias(a) => scan_chain(&a.input),
+        LogicalPlan::Filter(f) => chain_scan(&f.input)
+            .map(|(scan, filtered)| (scan, filtered || !always_true(&f.predicate))),
+        LogicalPlan::Projection(p) => chain_scan(&p.input),
+        LogicalPlan::SubqueryAlias(a) => chain_scan(&a.input),
         _ => None,
     }
 }
@@ -608,10 +612,7 @@ impl Placement<'_> {
         key: &Column,
         partner_rows: usize,
     ) -> Result<Option<LogicalPlan>> {
-        if let Some((table, _)) = scan_chain(plan) {
-            let LogicalPlan::TableScan(scan) = innermost(plan) else {
-                return Ok(None);
-            };
+        if let Some((scan, _)) = chain_scan(plan) {
             // Larger than the source by far, and itself a small side of a join with a larger
             // table: the cut is then cheap (a probe per row of a small table) and spares the
             // joins above it the rows it drops. A fact table is cut by its joins anyway.
@@ -619,15 +620,15 @@ impl Placement<'_> {
                 rows >= self.source_rows.saturating_mul(SCAN_TO_SOURCE_ROWS)
                     && partner_rows >= rows.saturating_mul(SCAN_TO_SOURCE_ROWS)
             });
-            if !worth || self.source_tables.contains(&table) {
+            if !worth || self.source_tables.contains(&scan.table_name.to_string()) {
                 return Ok(None);
             }
             return semi_join(plan, key, self.source);
         }
-        let (i, inner) = match plan {
+        let (i, inner, partner_rows) = match plan {
             LogicalPlan::Projection(_) | LogicalPlan::SubqueryAlias(_) | LogicalPlan::Filter(_) => {
                 match passed_from(plan, key) {
-                    Some(inner) => (0, inner),
+                    Some(inner) => (0, inner, partner_rows),
                     None => return Ok(None),
                 }
             }
@@ -640,16 +641,15 @@ impl Placement<'_> {
                 if !passes_rows_as_themselves(join, on_left) {
                     return Ok(None);
                 }
-                (if on_left { 0 } else { 1 }, key.clone())
+                let (i, partner) = if on_left {
+                    (0, &join.right)
+                } else {
+                    (1, &join.left)
+                };
+                let rows = max_scan_rows(partner).unwrap_or(0);
+                (i, key.clone(), partner_rows.max(rows))
             }
             _ => return Ok(None),
-        };
-        let partner_rows = match plan {
-            LogicalPlan::Join(join) => {
-                let partner = if i == 0 { &join.right } else { &join.left };
-                partner_rows.max(max_scan_rows(partner).unwrap_or(0))
-            }
-            _ => partner_rows,
         };
         let Some(reduced) = self.at_scan(plan.inputs()[i], &inner, partner_rows)? else {
             return Ok(None);
@@ -657,16 +657,6 @@ impl Placement<'_> {
         let mut inputs: Vec<LogicalPlan> = plan.inputs().into_iter().cloned().collect();
         inputs[i] = reduced;
         plan.with_new_exprs(plan.expressions(), inputs).map(Some)
-    }
-}
-
-/// The table scan at the bottom of a scan chain.
-fn innermost(plan: &LogicalPlan) -> &LogicalPlan {
-    match plan {
-        LogicalPlan::Filter(_) | LogicalPlan::Projection(_) | LogicalPlan::SubqueryAlias(_) => {
-            innermost(plan.inputs()[0])
-        }
-        other => other,
     }
 }
 

@@ -21,9 +21,7 @@ pub fn basin(args: &[&str], envs: &[(&str, &str)]) -> Output {
     for (k, v) in envs {
         cmd.env(k, v);
     }
-    let out = cmd.run_within();
-    let _ = std::fs::remove_dir_all(&data);
-    out
+    cmd.run_within()
 }
 
 /// A fresh directory for one test, removed with everything in it when the value is dropped.
