@@ -454,6 +454,13 @@ const SCAN_TO_SOURCE_ROWS: usize = 8;
 /// table without statistics is never pre-filtered nor used as a source). The cut is then a
 /// probe per row of a small table that spares the joins above it the rows it drops; a large
 /// table is left to its joins (TPC-H Q20's partsupp cut by suppliers cost more than it saved).
+///
+/// The cut follows the equal keys of the inner joins below the cutting one (TPC-H Q5's
+/// `c_nationkey = s_nationkey`: the keys that cut the suppliers cut the customers too). And
+/// when the scan that produces the key is too small for a cut of its own but is joined
+/// further down with the rest of its side (Q5's region `ASIA`, joined above the 25 nations,
+/// which are joined above the suppliers and line items), the scans across that join are cut
+/// instead, by the keys of the dimension rows the source keeps ([`through_dimension`]).
 /// Why the result is the same: see the module documentation; a scan row whose key the
 /// source does not yield can only form rows the join drops.
 #[derive(Debug, Default)]
@@ -510,7 +517,11 @@ fn prefilter_scans(join: &Join) -> Result<Option<LogicalPlan>> {
                 source_rows,
                 source_tables: scanned_tables(&source.plan),
             };
-            let Some(rewritten) = place.at_scan(target, target_key, 0)? else {
+            let rewritten = match place.at_scan(target, target_key, 0)? {
+                Some(rewritten) => Some(rewritten),
+                None => through_dimension(target, target_key, &source)?,
+            };
+            let Some(rewritten) = rewritten else {
                 continue;
             };
             tracing::debug!(key = %target_key, source = %source.table, "scan pre-filtered by join key");
@@ -625,10 +636,10 @@ impl Placement<'_> {
             }
             return semi_join(plan, key, self.source);
         }
-        let (i, inner, partner_rows) = match plan {
+        let inner = match plan {
             LogicalPlan::Projection(_) | LogicalPlan::SubqueryAlias(_) | LogicalPlan::Filter(_) => {
                 match passed_from(plan, key) {
-                    Some(inner) => (0, inner, partner_rows),
+                    Some(inner) => inner,
                     None => return Ok(None),
                 }
             }
@@ -636,28 +647,167 @@ impl Placement<'_> {
             LogicalPlan::Join(join) if is_keys(&join.left) || is_keys(&join.right) => {
                 return Ok(None);
             }
-            LogicalPlan::Join(join) => {
-                let on_left = join.left.schema().has_column(key);
-                if !passes_rows_as_themselves(join, on_left) {
-                    return Ok(None);
-                }
-                let (i, partner) = if on_left {
-                    (0, &join.right)
-                } else {
-                    (1, &join.left)
-                };
-                let rows = max_scan_rows(partner).unwrap_or(0);
-                (i, key.clone(), partner_rows.max(rows))
-            }
+            LogicalPlan::Join(join) => return self.at_join(plan, join, key, partner_rows),
             _ => return Ok(None),
         };
-        let Some(reduced) = self.at_scan(plan.inputs()[i], &inner, partner_rows)? else {
+        let Some(reduced) = self.at_scan(plan.inputs()[0], &inner, partner_rows)? else {
             return Ok(None);
         };
+        plan.with_new_exprs(plan.expressions(), vec![reduced])
+            .map(Some)
+    }
+
+    /// [`Placement::at_scan`] through a join (`plan`) below the cutting one: the scan that
+    /// produces `key` on its side, and the scans that produce the columns an inner join
+    /// equates with `key` on the other side. Those hold the same values in every row the
+    /// join yields, so their rows without a key of the source are dropped above as well
+    /// (TPC-H Q5's `c_nationkey = s_nationkey`: the nations' keys cut the suppliers and the
+    /// customers).
+    fn at_join(
+        &self,
+        plan: &LogicalPlan,
+        join: &Join,
+        key: &Column,
+        partner_rows: usize,
+    ) -> Result<Option<LogicalPlan>> {
+        let on_left = join.left.schema().has_column(key);
+        if !passes_rows_as_themselves(join, on_left) {
+            return Ok(None);
+        }
+        let (own, other) = if on_left { (0, 1) } else { (1, 0) };
         let mut inputs: Vec<LogicalPlan> = plan.inputs().into_iter().cloned().collect();
-        inputs[i] = reduced;
+        let rows: Vec<usize> = inputs
+            .iter()
+            .map(|side| max_scan_rows(side).unwrap_or(0))
+            .collect();
+        let mut changed = false;
+        if let Some(reduced) = self.at_scan(&inputs[own], key, partner_rows.max(rows[other]))? {
+            inputs[own] = reduced;
+            changed = true;
+        }
+        if join.join_type == JoinType::Inner
+            && join.null_equality == NullEquality::NullEqualsNothing
+        {
+            for equal in equal_keys(join, key, on_left) {
+                let partner = partner_rows.max(rows[own]);
+                if let Some(reduced) = self.at_scan(&inputs[other], &equal, partner)? {
+                    inputs[other] = reduced;
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            return Ok(None);
+        }
         plan.with_new_exprs(plan.expressions(), inputs).map(Some)
     }
+}
+
+/// The columns of the other side of `join` that its keys equate with `key` (a column of
+/// the left side when `on_left`).
+fn equal_keys(join: &Join, key: &Column, on_left: bool) -> Vec<Column> {
+    join.on
+        .iter()
+        .filter_map(|(l, r)| match (l, r) {
+            (Expr::Column(l), Expr::Column(r)) if on_left && l == key => Some(r.clone()),
+            (Expr::Column(l), Expr::Column(r)) if !on_left && r == key => Some(l.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `plan` (the side of a cutting join opposite `source`) cut through a dimension: when the
+/// scan chain that produces `key` is too small to be worth a cut of its own but is joined,
+/// further down, with the rest of `plan` (TPC-H Q5: the region `ASIA` joined last, above the
+/// 25 nations, which are joined above the suppliers and their line items), the scans on the
+/// other side of that join are cut instead, by the keys of the dimension's rows that the
+/// source keeps: `nation ⋉ σ region` cuts the suppliers (and, through equal keys, the
+/// customers). Why the result is the same: a row of the other side whose key no kept
+/// dimension row has meets only dimension rows whose `key` the cutting join drops.
+fn through_dimension(
+    plan: &LogicalPlan,
+    key: &Column,
+    source: &KeySource,
+) -> Result<Option<LogicalPlan>> {
+    let (i, inner) = match plan {
+        LogicalPlan::Projection(_) | LogicalPlan::SubqueryAlias(_) | LogicalPlan::Filter(_) => {
+            match passed_from(plan, key) {
+                Some(inner) => (0, inner),
+                None => return Ok(None),
+            }
+        }
+        LogicalPlan::Join(join) if is_keys(&join.left) || is_keys(&join.right) => {
+            return Ok(None);
+        }
+        LogicalPlan::Join(join) => {
+            let on_left = join.left.schema().has_column(key);
+            if !passes_rows_as_themselves(join, on_left) {
+                return Ok(None);
+            }
+            let dimension = if on_left { &join.left } else { &join.right };
+            if chain_scan(dimension).is_some() {
+                return cut_by_dimension(plan, join, on_left, key, source);
+            }
+            (if on_left { 0 } else { 1 }, key.clone())
+        }
+        _ => return Ok(None),
+    };
+    let Some(reduced) = through_dimension(plan.inputs()[i], &inner, source)? else {
+        return Ok(None);
+    };
+    let mut inputs: Vec<LogicalPlan> = plan.inputs().into_iter().cloned().collect();
+    inputs[i] = reduced;
+    plan.with_new_exprs(plan.expressions(), inputs).map(Some)
+}
+
+/// `plan`, an inner `join` of a dimension's scan chain (the left side when `on_left`) with
+/// other tables, with those tables' scans cut by the keys of the dimension rows whose `key`
+/// `source` yields; `None` when no cut is worth it.
+fn cut_by_dimension(
+    plan: &LogicalPlan,
+    join: &Join,
+    on_left: bool,
+    key: &Column,
+    source: &KeySource,
+) -> Result<Option<LogicalPlan>> {
+    if join.join_type != JoinType::Inner || join.null_equality != NullEquality::NullEqualsNothing {
+        return Ok(None);
+    }
+    let (dimension, other) = if on_left { (0, 1) } else { (1, 0) };
+    let mut inputs: Vec<LogicalPlan> = plan.inputs().into_iter().cloned().collect();
+    let Some(kept) = semi_join(&inputs[dimension], key, source)? else {
+        return Ok(None);
+    };
+    let tables = scanned_tables(&kept);
+    let Some(source_rows) = max_scan_rows(&kept) else {
+        return Ok(None);
+    };
+    let mut changed = false;
+    for (l, r) in &join.on {
+        let (Expr::Column(l), Expr::Column(r)) = (l, r) else {
+            continue;
+        };
+        let (dimension_key, other_key) = if on_left { (l, r) } else { (r, l) };
+        let kept_keys = KeySource {
+            plan: kept.clone(),
+            key: dimension_key.clone(),
+            table: tables.join(" ⋈ "),
+        };
+        let place = Placement {
+            source: &kept_keys,
+            source_rows,
+            source_tables: tables.clone(),
+        };
+        if let Some(reduced) = place.at_scan(&inputs[other], other_key, 0)? {
+            tracing::debug!(key = %other_key, source = %kept_keys.table, "scan pre-filtered through a dimension");
+            inputs[other] = reduced;
+            changed = true;
+        }
+    }
+    if !changed {
+        return Ok(None);
+    }
+    plan.with_new_exprs(plan.expressions(), inputs).map(Some)
 }
 
 #[cfg(test)]
@@ -943,9 +1093,16 @@ mod tests {
             ),
             (
                 "li",
-                "SELECT * FROM (VALUES (10, 1.5), (10, 2.5), (11, 3.0), (12, 4.0), (13, 5.0), \
-                 (15, 6.0), (CAST(NULL AS INT), 7.0), (16, 8.0)) AS t(sk, price)",
+                "SELECT * FROM (VALUES (10, 1.5, 100), (10, 2.5, 101), (11, 3.0, 102), \
+                 (12, 4.0, 100), (13, 5.0, 103), (15, 6.0, 104), (CAST(NULL AS INT), 7.0, 101), \
+                 (16, 8.0, CAST(NULL AS INT)), (14, 9.0, 102), (10, 1.0, 104)) AS t(sk, price, ck)",
                 1_000_000,
+            ),
+            (
+                "cu",
+                "SELECT * FROM (VALUES (100, 1), (101, 2), (102, 3), (103, CAST(NULL AS INT)), \
+                 (104, 1)) AS t(ck, nk)",
+                20_000,
             ),
         ];
         for (name, sql, rows) in tables {
@@ -979,12 +1136,12 @@ mod tests {
                  WHERE s.sk = l.sk AND s.nk = n.nk",
                 true,
             ),
-            // Q5's order, the region joined last (above the nations): its keys would cut only
-            // the nations, a table too small to be worth it; left alone.
+            // Q5's order, the region joined last (above the nations): the nations are too
+            // small to be worth a cut, the suppliers below them are cut by the kept nations.
             (
                 "SELECT s.sk, l.price FROM sup s, li l, nat n, reg r \
                  WHERE s.sk = l.sk AND s.nk = n.nk AND n.rk = r.rk AND r.rname = 'europe'",
-                false,
+                true,
             ),
             // The suppliers on the kept side of a LEFT JOIN, cut by an inner join above.
             (
@@ -1051,6 +1208,17 @@ mod tests {
             let cuts = |p: &LogicalPlan| p.display_indent().to_string().matches(KEYS).count();
             assert_eq!(cuts(&again), cuts(&optimized), "{plan}");
         }
+        // Q5 itself: customers and their items, suppliers of the customers' nation, the
+        // nations, the region last. The kept nations cut the suppliers, and, through
+        // `c.nk = s.nk`, the customers.
+        let q5 = "SELECT n.name, sum(l.price) FROM cu c, li l, sup s, nat n, reg r \
+                  WHERE c.ck = l.ck AND l.sk = s.sk AND c.nk = s.nk AND s.nk = n.nk \
+                  AND n.rk = r.rk AND r.rname = 'europe' GROUP BY n.name";
+        let (plan, rows) = run(&with, q5).await;
+        assert_eq!(rows, run(&without, q5).await.1, "{plan}");
+        assert!(rows.iter().any(|r| r.contains("fr")), "{rows:?}");
+        let cut = |alias: &str| plan.contains(&format!("RightSemi Join: {KEYS}.key = {alias}.nk"));
+        assert!(cut("s") && cut("c"), "{plan}");
         // Tables without statistics are never weighed, so never cut.
         let blind = star(true, false).await;
         let (plan, _) = run(&blind, cases[0].0).await;
