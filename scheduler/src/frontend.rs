@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::notin::NotInAsAntiJoin;
 use crate::prefilter::{PrefilterGroups, PrefilterScans};
 use crate::semijoin::PushDownSemiJoins;
 use crate::series::SeriesProjections;
@@ -72,6 +73,7 @@ pub fn connect(
     let state = SessionStateBuilder::new_from_existing(state)
         .with_query_planner(Arc::new(planner))
         .with_optimizer_rule(Arc::new(RemotePushdown))
+        .with_optimizer_rule(Arc::new(NotInAsAntiJoin))
         .with_optimizer_rule(Arc::new(PrefilterGroups))
         .with_optimizer_rule(Arc::new(PushDownSemiJoins))
         .with_optimizer_rule(Arc::new(PrefilterScans))

@@ -14,6 +14,7 @@ pub mod flight_sql;
 pub mod frontend;
 pub mod joins;
 pub mod limits;
+pub mod notin;
 pub mod prefilter;
 pub mod semijoin;
 pub mod series;

@@ -201,8 +201,14 @@ struct KeySource {
 /// Whether reading the source a second time yields the same rows: no volatile expression
 /// (`random()`) and no row limit (a `LIMIT` without order may keep other rows).
 fn repeatable(source: &KeySource) -> bool {
+    reads_the_same_twice(&source.plan)
+}
+
+/// Whether `plan` yields the same rows when it is read a second time in the same query: no
+/// volatile expression and no row limit.
+pub(crate) fn reads_the_same_twice(plan: &LogicalPlan) -> bool {
     let mut repeatable = true;
-    let _ = source.plan.apply(|node| {
+    let _ = plan.apply(|node| {
         let limited = match node {
             LogicalPlan::TableScan(scan) => scan.fetch.is_some(),
             LogicalPlan::Limit(_) => true,
