@@ -113,9 +113,7 @@ fn derived_suites(own: &[PathBuf], filter: Option<&str>) -> Vec<PathBuf> {
             }
         }
         let Some(from) = from else { continue };
-        let target = std::env::temp_dir()
-            .join(format!("basin-sqltest-derived-{}", std::process::id()))
-            .join(&suite);
+        let target = derived_dir().join(&suite);
         if std::fs::create_dir_all(&target).is_err() {
             continue;
         }
@@ -145,6 +143,11 @@ fn derived_suites(own: &[PathBuf], filter: Option<&str>) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// Where derived suites are written for this run (removed when every test passed).
+fn derived_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("basin-sqltest-derived-{}", std::process::id()))
 }
 
 fn is_reference_suite(file: &Path) -> bool {
@@ -325,6 +328,10 @@ async fn run() -> std::process::ExitCode {
         }
     }
     let _ = std::fs::remove_dir_all(&data_dir);
+    if failures.is_empty() {
+        // A failure names a derived file: it stays for reading.
+        let _ = std::fs::remove_dir_all(derived_dir());
+    }
     println!();
     for f in &failures {
         println!("failed: {f}");
