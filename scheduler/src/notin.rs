@@ -68,13 +68,7 @@ impl OptimizerRule for NotInAsAntiJoin {
         plan: LogicalPlan,
         _config: &dyn OptimizerConfig,
     ) -> Result<Transformed<LogicalPlan>> {
-        let LogicalPlan::Join(join) = &plan else {
-            return Ok(Transformed::no(plan));
-        };
-        Ok(match plain_anti_join(join)? {
-            Some(rewritten) => Transformed::yes(rewritten),
-            None => Transformed::no(plan),
-        })
+        crate::prefilter::on_join(plan, plain_anti_join)
     }
 }
 

@@ -71,7 +71,7 @@ impl OptimizerRule for PrefilterGroups {
 }
 
 /// `rewrite` applied to `plan` when it is a join.
-fn on_join(
+pub(crate) fn on_join(
     plan: LogicalPlan,
     rewrite: fn(&Join) -> Result<Option<LogicalPlan>>,
 ) -> Result<Transformed<LogicalPlan>> {
