@@ -5,10 +5,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::joins::SmallerBuildSide;
 use crate::notin::NotInAsAntiJoin;
 use crate::prefilter::{PrefilterGroups, PrefilterScans};
 use crate::semijoin::PushDownSemiJoins;
 use crate::series::SeriesProjections;
+use crate::window::AggregateSubqueryAsWindow;
 use async_trait::async_trait;
 use ballista_core::extension::{SessionConfigExt, SessionStateExt};
 use ballista_core::planner::BallistaQueryPlanner;
@@ -70,10 +72,20 @@ pub fn connect(
         cluster,
         config.server.single_node_max_bytes,
     );
+    // Build sides by rows right after DataFusion's join selection, before distribution and
+    // sorting are settled around them.
+    let mut physical_rules = state.physical_optimizers().to_vec();
+    let after_join_selection = physical_rules
+        .iter()
+        .position(|rule| rule.name() == "join_selection")
+        .map_or(physical_rules.len(), |at| at + 1);
+    physical_rules.insert(after_join_selection, Arc::new(SmallerBuildSide));
     let state = SessionStateBuilder::new_from_existing(state)
+        .with_physical_optimizer_rules(physical_rules)
         .with_query_planner(Arc::new(planner))
         .with_optimizer_rule(Arc::new(RemotePushdown))
         .with_optimizer_rule(Arc::new(NotInAsAntiJoin))
+        .with_optimizer_rule(Arc::new(AggregateSubqueryAsWindow))
         .with_optimizer_rule(Arc::new(PrefilterGroups))
         .with_optimizer_rule(Arc::new(PushDownSemiJoins))
         .with_optimizer_rule(Arc::new(PrefilterScans))

@@ -22,7 +22,10 @@ pub mod server;
 pub mod session;
 pub mod sql;
 pub mod streamed;
+#[cfg(test)]
+mod testing;
 pub mod views;
+pub mod window;
 
 pub use frontend::connect;
 pub use server::{ClusterView, SchedulerHandle, SchedulerOptions, start};

@@ -129,7 +129,6 @@ fn plain_anti_join(join: &Join) -> Result<Option<LogicalPlan>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use datafusion::arrow::util::pretty::pretty_format_batches;
     use datafusion::execution::SessionStateBuilder;
     use datafusion::prelude::SessionContext;
 
@@ -150,30 +149,7 @@ mod tests {
         ctx
     }
 
-    async fn run(ctx: &SessionContext, sql: &str) -> (String, Vec<String>) {
-        let df = ctx.sql(sql).await.unwrap();
-        let plan = df
-            .clone()
-            .into_optimized_plan()
-            .unwrap()
-            .display_indent()
-            .to_string();
-        // Rows only: an empty result prints as a header or as nothing.
-        let batches: Vec<_> = df
-            .collect()
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|b| b.num_rows() > 0)
-            .collect();
-        if batches.is_empty() {
-            return (plan, Vec::new());
-        }
-        let text = pretty_format_batches(&batches).unwrap().to_string();
-        let mut rows: Vec<String> = text.lines().map(str::to_string).collect();
-        rows.sort();
-        (plan, rows)
-    }
+    use crate::testing::plan_and_rows as run;
 
     #[tokio::test]
     async fn not_in_keeps_its_null_rules_as_a_plain_anti_join() {
