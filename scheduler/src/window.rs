@@ -24,6 +24,11 @@
 //! window over `O`'s rows of key `v` equals the subquery's group `v`, and every row of `O`
 //! has its group (its key is one of `I`'s). Sums and counts would change, and are left alone.
 //!
+//! An ungrouped subquery over the same rows as the outer side's grouped aggregate (TPC-H Q11:
+//! the total stock value of the German suppliers, next to the same sum per part) is the
+//! combination of the groups' own values: the sum of their sums or counts, the least of their
+//! minimums, the greatest of their maximums — a window `OVER ()` over the groups.
+//!
 //! The rewrite pays off when `O` is smaller than `I`; it is made only when `R` filters (a
 //! filtered scan or filter among its leaves), as the parts of one brand do in Q17 and Q2.
 //! `I` must read the same rows each time (no volatile function, no `LIMIT`).
@@ -32,11 +37,11 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, DFSchemaRef, JoinType, NullEquality, Result};
+use datafusion::common::{Column, DFSchemaRef, JoinType, NullEquality, Result, ScalarValue};
 use datafusion::logical_expr::expr::{AggregateFunction, WindowFunction, WindowFunctionParams};
 use datafusion::logical_expr::utils::split_conjunction;
 use datafusion::logical_expr::{
-    Aggregate, Expr, Join, LogicalPlan, LogicalPlanBuilder, Operator, WindowFrame,
+    Aggregate, Expr, Join, LogicalPlan, LogicalPlanBuilder, Operator, TableScan, WindowFrame,
     WindowFunctionDefinition,
 };
 use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
@@ -125,95 +130,24 @@ fn as_window(join: &Join) -> Result<Option<LogicalPlan>> {
         Some(groups) => groups,
         None => return Ok(None),
     };
-    if groups.is_empty()
-        || agg.group_expr.len() + agg.aggr_expr.len() != agg.schema.fields().len()
+    if agg.group_expr.len() + agg.aggr_expr.len() != agg.schema.fields().len()
         || !crate::prefilter::reads_the_same_twice(&agg.input)
     {
         return Ok(None);
     }
-    // The subquery's output expressions, over the aggregate's columns.
-    let output = |col: &Column| -> Option<&Expr> {
-        if col.relation.as_ref() != Some(sub.alias) {
-            return None;
-        }
-        let index = sub.schema.index_of_column(col).ok()?;
-        Some(strip_alias(&sub.outputs[index]))
+    let computed = if groups.is_empty() {
+        total_over_groups(join, outer, agg)
+    } else {
+        over_keys(join, outer, &sub, sub_right, &groups)
     };
-    // Each grouping key's column of the outer rows, and the other conditions of the join.
-    let mut keys: Vec<Option<Column>> = vec![None; groups.len()];
-    let mut conditions: Vec<(Expr, Expr)> = vec![];
-    for (l, r) in &join.on {
-        let (o, s) = if sub_right { (l, r) } else { (r, l) };
-        let group = as_column(s)
-            .and_then(output)
-            .and_then(as_column)
-            .and_then(|c| groups.iter().position(|g| *g == c));
-        match (group, as_column(o)) {
-            (Some(i), Some(c)) if keys[i].is_none() => keys[i] = Some(c.clone()),
-            _ => conditions.push((o.clone(), s.clone())),
-        }
-    }
-    let Some(keys) = keys.into_iter().collect::<Option<Vec<Column>>>() else {
+    let Some(Windows {
+        windows,
+        replacements,
+        conditions,
+    }) = computed
+    else {
         return Ok(None);
     };
-    if !matches!(join.join_type, JoinType::Inner)
-        && (!conditions.is_empty() || join.filter.is_some())
-    {
-        return Ok(None);
-    }
-    // The outer rows: the aggregate's input joined to other rows by its grouping keys.
-    if let Err(reason) = outer_is_input_joined_by(outer, &agg.input, &groups, &keys) {
-        tracing::debug!(reason, "aggregate subquery not computed as a window");
-        return Ok(None);
-    }
-    // The window functions, and what the aggregate's columns become over the outer rows.
-    let mut windows = vec![];
-    let mut replacements: Vec<(Column, Expr)> = groups
-        .iter()
-        .zip(agg.schema.iter())
-        .zip(&keys)
-        .map(|((_, field), key)| (Column::from(field), Expr::Column(key.clone())))
-        .collect();
-    for (i, (expr, field)) in agg
-        .aggr_expr
-        .iter()
-        .zip(agg.schema.iter().skip(groups.len()))
-        .enumerate()
-    {
-        let Expr::AggregateFunction(AggregateFunction { func, params }) = strip_alias(expr) else {
-            return Ok(None);
-        };
-        let repeatable = matches!(func.name(), "min" | "max" | "avg");
-        if !repeatable
-            || params.distinct
-            || params.filter.is_some()
-            || !params.order_by.is_empty()
-            || params.null_treatment.is_some()
-            || params
-                .args
-                .iter()
-                .any(|a| a.is_volatile() || !columns_in(a, outer.schema()))
-        {
-            return Ok(None);
-        }
-        let name = format!("{WINDOW}_{i}");
-        windows.push(
-            Expr::WindowFunction(Box::new(WindowFunction {
-                fun: WindowFunctionDefinition::AggregateUDF(Arc::clone(func)),
-                params: WindowFunctionParams {
-                    args: params.args.clone(),
-                    partition_by: keys.iter().cloned().map(Expr::Column).collect(),
-                    order_by: vec![],
-                    window_frame: WindowFrame::new(None),
-                    filter: None,
-                    null_treatment: None,
-                    distinct: false,
-                },
-            }))
-            .alias(&name),
-        );
-        replacements.push((Column::from(field), Expr::Column(Column::from_name(name))));
-    }
     let replace = |e: &Expr| -> Result<Expr> { replace_columns(e.clone(), &replacements) };
     // The subquery's columns over the outer rows and the window.
     let mut sub_columns = vec![];
@@ -255,6 +189,170 @@ fn as_window(join: &Join) -> Result<Option<LogicalPlan>> {
         sub_columns.into_iter().chain(outer_columns).collect()
     };
     plan.project(columns)?.build().map(Some)
+}
+
+/// The windows that compute a subquery grouped by `groups` over the outer rows, when the
+/// outer rows are its input joined to filtered rows by those keys (see the module
+/// documentation).
+fn over_keys(
+    join: &Join,
+    outer: &LogicalPlan,
+    sub: &Subquery<'_>,
+    sub_right: bool,
+    groups: &[&Column],
+) -> Option<Windows> {
+    let agg = sub.aggregate;
+    // The subquery's output expressions, over the aggregate's columns.
+    let output = |col: &Column| -> Option<&Expr> {
+        if col.relation.as_ref() != Some(sub.alias) {
+            return None;
+        }
+        let index = sub.schema.index_of_column(col).ok()?;
+        Some(strip_alias(&sub.outputs[index]))
+    };
+    // Each grouping key's column of the outer rows, and the other conditions of the join.
+    let mut keys: Vec<Option<Column>> = vec![None; groups.len()];
+    let mut conditions: Vec<(Expr, Expr)> = vec![];
+    for (l, r) in &join.on {
+        let (o, s) = if sub_right { (l, r) } else { (r, l) };
+        let group = as_column(s)
+            .and_then(output)
+            .and_then(as_column)
+            .and_then(|c| groups.iter().position(|g| *g == c));
+        match (group, as_column(o)) {
+            (Some(i), Some(c)) if keys[i].is_none() => keys[i] = Some(c.clone()),
+            _ => conditions.push((o.clone(), s.clone())),
+        }
+    }
+    let keys = keys.into_iter().collect::<Option<Vec<Column>>>()?;
+    if !matches!(join.join_type, JoinType::Inner)
+        && (!conditions.is_empty() || join.filter.is_some())
+    {
+        return None;
+    }
+    // The outer rows: the aggregate's input joined to other rows by its grouping keys.
+    if let Err(reason) = outer_is_input_joined_by(outer, &agg.input, groups, &keys) {
+        tracing::debug!(reason, "aggregate subquery not computed as a window");
+        return None;
+    }
+    // The window functions, and what the aggregate's columns become over the outer rows.
+    let mut windows = vec![];
+    let mut replacements: Vec<(Column, Expr)> = groups
+        .iter()
+        .zip(agg.schema.iter())
+        .zip(&keys)
+        .map(|((_, field), key)| (Column::from(field), Expr::Column(key.clone())))
+        .collect();
+    for (i, (expr, field)) in agg
+        .aggr_expr
+        .iter()
+        .zip(agg.schema.iter().skip(groups.len()))
+        .enumerate()
+    {
+        let Expr::AggregateFunction(AggregateFunction { func, params }) = strip_alias(expr) else {
+            return None;
+        };
+        let repeatable = matches!(func.name(), "min" | "max" | "avg");
+        if !repeatable
+            || params.distinct
+            || params.filter.is_some()
+            || !params.order_by.is_empty()
+            || params.null_treatment.is_some()
+            || params
+                .args
+                .iter()
+                .any(|a| a.is_volatile() || !columns_in(a, outer.schema()))
+        {
+            return None;
+        }
+        let name = format!("{WINDOW}_{i}");
+        windows.push(
+            Expr::WindowFunction(Box::new(WindowFunction {
+                fun: WindowFunctionDefinition::AggregateUDF(Arc::clone(func)),
+                params: WindowFunctionParams {
+                    args: params.args.clone(),
+                    partition_by: keys.iter().cloned().map(Expr::Column).collect(),
+                    order_by: vec![],
+                    window_frame: WindowFrame::new(None),
+                    filter: None,
+                    null_treatment: None,
+                    distinct: false,
+                },
+            }))
+            .alias(&name),
+        );
+        replacements.push((Column::from(field), Expr::Column(Column::from_name(name))));
+    }
+    Some(Windows {
+        windows,
+        replacements,
+        conditions,
+    })
+}
+
+/// The windows over the rows of the outer side, and what the subquery's aggregate columns
+/// become over them; `conditions` are the join's equalities left to check.
+struct Windows {
+    windows: Vec<Expr>,
+    replacements: Vec<(Column, Expr)>,
+    conditions: Vec<(Expr, Expr)>,
+}
+
+/// An ungrouped subquery over the same rows as the outer aggregate (TPC-H Q11's total
+/// `sum(ps_supplycost * ps_availqty)` of the German suppliers, next to the same sum per
+/// part): its aggregates are the outer aggregate's, summed (or their least or greatest) over
+/// all groups, as windows `OVER ()`. The subquery's single row joins every group; when there
+/// is no group there is no row either way.
+fn total_over_groups(join: &Join, outer: &LogicalPlan, agg: &Aggregate) -> Option<Windows> {
+    let LogicalPlan::Aggregate(groups) = outer else {
+        return None;
+    };
+    if !same_rows(&groups.input, &agg.input) {
+        tracing::debug!("total subquery not computed as a window: it reads other rows");
+        return None;
+    }
+    let conditions: Vec<(Expr, Expr)> = join.on.clone();
+    if join.join_type != JoinType::Inner && (!conditions.is_empty() || join.filter.is_some()) {
+        return None;
+    }
+    let mut windows = vec![];
+    let mut replacements = vec![];
+    let per_group = groups.schema.iter().skip(groups.group_expr.len());
+    let per_group: Vec<_> = groups.aggr_expr.iter().zip(per_group).collect();
+    for (i, (expr, (qualifier, field))) in agg.aggr_expr.iter().zip(agg.schema.iter()).enumerate() {
+        let expr = strip_alias(expr);
+        let Expr::AggregateFunction(AggregateFunction { func, params }) = expr else {
+            return None;
+        };
+        if params.distinct || params.filter.is_some() || !params.order_by.is_empty() {
+            return None;
+        }
+        let combine = match func.name() {
+            "sum" | "count" => datafusion::functions_aggregate::sum::sum_udaf(),
+            "min" | "max" => Arc::clone(func),
+            _ => return None,
+        };
+        let (_, (group_qualifier, group_field)) =
+            per_group.iter().find(|(e, _)| strip_alias(e) == expr)?;
+        let name = format!("{WINDOW}_{i}");
+        windows.push(
+            Expr::WindowFunction(Box::new(WindowFunction::new(
+                combine,
+                vec![Expr::Column(Column::from((*group_qualifier, *group_field)))],
+            )))
+            .alias(&name),
+        );
+        let total = Expr::Column(Column::from_name(name));
+        replacements.push((
+            Column::from((qualifier, field.as_ref())),
+            datafusion::logical_expr::cast(total, field.data_type().clone()),
+        ));
+    }
+    Some(Windows {
+        windows,
+        replacements,
+        conditions,
+    })
 }
 
 /// The sides of `e` when it is `a = b`; else `e` twice (which is not two columns).
@@ -438,9 +536,17 @@ fn same_rows(a: &LogicalPlan, b: &LogicalPlan) -> bool {
     let (a, b) = (past_column_projections(a), past_column_projections(b));
     match (a, b) {
         (LogicalPlan::TableScan(x), LogicalPlan::TableScan(y)) => {
+            // A comma join's `WHERE` may leave a `true` on one scan and not the other.
+            let filters = |scan: &TableScan| -> Vec<Expr> {
+                scan.filters
+                    .iter()
+                    .filter(|f| !matches!(f, Expr::Literal(ScalarValue::Boolean(Some(true)), _)))
+                    .cloned()
+                    .collect()
+            };
             x.table_name == y.table_name
                 && Arc::ptr_eq(&x.source, &y.source)
-                && x.filters == y.filters
+                && filters(x) == filters(y)
                 && x.fetch.is_none()
                 && y.fetch.is_none()
         }
@@ -585,6 +691,44 @@ mod tests {
                  WHERE p.pk = ps.pk AND ps.sk = s.sk AND s.nk = n.nk AND n.region = 'EU' \
                  AND p.size > 10 AND ps.cost = (SELECT min(ps.cost) FROM ps, s, n \
                  WHERE p.pk = ps.pk AND ps.sk = s.sk AND s.nk = n.nk)",
+                false,
+            ),
+            // TPC-H Q11's shape: groups above a share of the total over the same rows.
+            (
+                "SELECT ps.pk, sum(ps.cost * 2) AS v FROM ps, s, n \
+                 WHERE ps.sk = s.sk AND s.nk = n.nk AND n.region = 'EU' GROUP BY ps.pk \
+                 HAVING sum(ps.cost * 2) > (SELECT sum(ps.cost * 2) * 0.2 FROM ps, s, n \
+                 WHERE ps.sk = s.sk AND s.nk = n.nk AND n.region = 'EU')",
+                true,
+            ),
+            // Counts add up; the least of the least.
+            (
+                "SELECT ps.sk, count(*) AS c FROM ps GROUP BY ps.sk \
+                 HAVING count(*) * 3 > (SELECT count(*) FROM ps)",
+                true,
+            ),
+            (
+                "SELECT ps.sk, min(ps.cost) FROM ps GROUP BY ps.sk \
+                 HAVING min(ps.cost) >= (SELECT min(ps.cost) AS m FROM ps WHERE ps.pk > 1)",
+                false,
+            ),
+            (
+                "SELECT ps.sk, min(ps.cost) FROM ps GROUP BY ps.sk \
+                 HAVING min(ps.cost) > (SELECT min(ps.cost) AS m FROM ps)",
+                true,
+            ),
+            // The total of other rows (every region): left alone.
+            (
+                "SELECT ps.pk, sum(ps.cost * 2) AS v FROM ps, s, n \
+                 WHERE ps.sk = s.sk AND s.nk = n.nk AND n.region = 'EU' GROUP BY ps.pk \
+                 HAVING sum(ps.cost * 2) > (SELECT sum(ps.cost * 2) * 0.2 FROM ps, s, n \
+                 WHERE ps.sk = s.sk AND s.nk = n.nk)",
+                false,
+            ),
+            // An average of averages is not the average: left alone.
+            (
+                "SELECT ps.sk, avg(ps.cost) FROM ps GROUP BY ps.sk \
+                 HAVING avg(ps.cost) > (SELECT avg(ps.cost) AS a FROM ps)",
                 false,
             ),
             // Nothing filters the other side: left alone (no fewer rows to aggregate).
