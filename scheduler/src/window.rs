@@ -307,6 +307,14 @@ fn total_over_groups(join: &Join, outer: &LogicalPlan, agg: &Aggregate) -> Optio
     let LogicalPlan::Aggregate(groups) = outer else {
         return None;
     };
+    // Grouping sets add subtotal rows: summing over all rows would count them again.
+    if groups
+        .group_expr
+        .iter()
+        .any(|e| matches!(e, Expr::GroupingSet(_)))
+    {
+        return None;
+    }
     if !same_rows(&groups.input, &agg.input) {
         tracing::debug!("total subquery not computed as a window: it reads other rows");
         return None;
@@ -723,6 +731,12 @@ mod tests {
                  WHERE ps.sk = s.sk AND s.nk = n.nk AND n.region = 'EU' GROUP BY ps.pk \
                  HAVING sum(ps.cost * 2) > (SELECT sum(ps.cost * 2) * 0.2 FROM ps, s, n \
                  WHERE ps.sk = s.sk AND s.nk = n.nk)",
+                false,
+            ),
+            // Subtotals of a rollup would count rows twice: left alone.
+            (
+                "SELECT ps.sk, ps.pk, sum(ps.cost) AS v FROM ps GROUP BY ROLLUP (ps.sk, ps.pk) \
+                 HAVING sum(ps.cost) * 4 > (SELECT sum(ps.cost) AS t FROM ps)",
                 false,
             ),
             // An average of averages is not the average: left alone.
