@@ -130,8 +130,16 @@ mod tests {
 
     #[test]
     fn users_file_and_tokens() {
+        /// Removes the test's directory however the test ends.
+        struct Removed(std::path::PathBuf);
+        impl Drop for Removed {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
         let dir = std::env::temp_dir().join(format!("basin-users-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
+        let _removed = Removed(dir.clone());
         let file = dir.join("users");
         let hash = bcrypt::hash("pw", 4).unwrap();
         std::fs::write(&file, format!("# users\nalice:{hash}\n")).unwrap();
