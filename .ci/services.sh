@@ -317,7 +317,8 @@ sw_start() {
 
     run="$(mktemp -d "$STATE_DIR/seaweedfs.XXXXXX")"
     mkdir -p "$run/data"
-    local args=(mini "-dir=$run/data" -ip=127.0.0.1 -ip.bind=127.0.0.1
+    # Its log files go to the run dir (weed writes them to /tmp by default).
+    local args=("-logdir=$run" mini "-dir=$run/data" -ip=127.0.0.1 -ip.bind=127.0.0.1
       -admin.ui=false -webdav=false -s3.port.lance=0 -master.telemetry=false
       "-bucket=$S3_BUCKET" "-tableBucket=$ICEBERG_WAREHOUSE")
     for flag in "${SEAWEEDFS_PORT_FLAGS[@]}"; do args+=("-$flag=$(sw_port "$flag" "$offset")"); done
