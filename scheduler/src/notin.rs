@@ -33,11 +33,9 @@
 
 use std::sync::Arc;
 
-use datafusion::common::tree_node::Transformed;
 use datafusion::common::{Column, JoinConstraint, JoinType, NullEquality, Result};
 use datafusion::functions_aggregate::expr_fn::count;
 use datafusion::logical_expr::{Expr, Join, LogicalPlan, LogicalPlanBuilder, lit};
-use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
 
 /// The alias of the subquery's counts.
 const COUNTS: &str = "__basin_not_in";
@@ -50,27 +48,11 @@ const KEYS: &str = "keys";
 #[derive(Debug, Default)]
 pub struct NotInAsAntiJoin;
 
-impl OptimizerRule for NotInAsAntiJoin {
-    fn name(&self) -> &str {
-        "basin_not_in_as_anti_join"
-    }
-
-    fn apply_order(&self) -> Option<ApplyOrder> {
-        Some(ApplyOrder::BottomUp)
-    }
-
-    fn supports_rewrite(&self) -> bool {
-        true
-    }
-
-    fn rewrite(
-        &self,
-        plan: LogicalPlan,
-        _config: &dyn OptimizerConfig,
-    ) -> Result<Transformed<LogicalPlan>> {
-        crate::prefilter::on_join(plan, plain_anti_join)
-    }
-}
+crate::prefilter::join_rule!(
+    NotInAsAntiJoin,
+    "basin_not_in_as_anti_join",
+    plain_anti_join
+);
 
 /// The null-aware anti join `join` without null awareness (see the module documentation),
 /// or `None` when it is not one of one equal key.

@@ -39,7 +39,37 @@ use datafusion::datasource::source_as_provider;
 use datafusion::logical_expr::{
     Expr, Join, LogicalPlan, LogicalPlanBuilder, Projection, SubqueryAlias, TableScan,
 };
-use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
+
+/// `impl OptimizerRule` for the unit struct `$rule`, named `$name`, that rewrites each join
+/// bottom up with `$rewrite: fn(&Join) -> Result<Option<LogicalPlan>>` (`None`: unchanged).
+macro_rules! join_rule {
+    ($rule:ty, $name:literal, $rewrite:path) => {
+        impl datafusion::optimizer::OptimizerRule for $rule {
+            fn name(&self) -> &str {
+                $name
+            }
+
+            fn apply_order(&self) -> Option<datafusion::optimizer::ApplyOrder> {
+                Some(datafusion::optimizer::ApplyOrder::BottomUp)
+            }
+
+            fn supports_rewrite(&self) -> bool {
+                true
+            }
+
+            fn rewrite(
+                &self,
+                plan: datafusion::logical_expr::LogicalPlan,
+                _config: &dyn datafusion::optimizer::OptimizerConfig,
+            ) -> datafusion::common::Result<
+                datafusion::common::tree_node::Transformed<datafusion::logical_expr::LogicalPlan>,
+            > {
+                $crate::prefilter::on_join(plan, $rewrite)
+            }
+        }
+    };
+}
+pub(crate) use join_rule;
 
 /// The alias of the key sources this rule adds; a plan that has one is not rewritten again.
 const KEYS: &str = "__basin_join_keys";
@@ -48,27 +78,7 @@ const KEYS: &str = "__basin_join_keys";
 #[derive(Debug, Default)]
 pub struct PrefilterGroups;
 
-impl OptimizerRule for PrefilterGroups {
-    fn name(&self) -> &str {
-        "basin_prefilter_groups"
-    }
-
-    fn apply_order(&self) -> Option<ApplyOrder> {
-        Some(ApplyOrder::BottomUp)
-    }
-
-    fn supports_rewrite(&self) -> bool {
-        true
-    }
-
-    fn rewrite(
-        &self,
-        plan: LogicalPlan,
-        _config: &dyn OptimizerConfig,
-    ) -> Result<Transformed<LogicalPlan>> {
-        on_join(plan, prefilter)
-    }
-}
+join_rule!(PrefilterGroups, "basin_prefilter_groups", prefilter);
 
 /// `rewrite` applied to `plan` when it is a join.
 pub(crate) fn on_join(
@@ -247,7 +257,7 @@ fn chain_scan(plan: &LogicalPlan) -> Option<(&TableScan, bool)> {
 /// A filter that keeps every row: what is left of `FROM a, b WHERE a.k = b.k` once the
 /// join took its condition (`partial_filters=[Boolean(true)]`). Pre-filtering by such a
 /// table's keys would cost a join and drop nothing.
-fn always_true(predicate: &Expr) -> bool {
+pub(crate) fn always_true(predicate: &Expr) -> bool {
     matches!(
         predicate,
         Expr::Literal(ScalarValue::Boolean(Some(true)), _)
@@ -274,7 +284,7 @@ pub(crate) fn passed_from(plan: &LogicalPlan, col: &Column) -> Option<Column> {
     }
 }
 
-fn unalias(e: &Expr) -> &Expr {
+pub(crate) fn unalias(e: &Expr) -> &Expr {
     match e {
         Expr::Alias(a) => unalias(&a.expr),
         e => e,
@@ -472,27 +482,7 @@ const SCAN_TO_SOURCE_ROWS: usize = 8;
 #[derive(Debug, Default)]
 pub struct PrefilterScans;
 
-impl OptimizerRule for PrefilterScans {
-    fn name(&self) -> &str {
-        "basin_prefilter_scans"
-    }
-
-    fn apply_order(&self) -> Option<ApplyOrder> {
-        Some(ApplyOrder::BottomUp)
-    }
-
-    fn supports_rewrite(&self) -> bool {
-        true
-    }
-
-    fn rewrite(
-        &self,
-        plan: LogicalPlan,
-        _config: &dyn OptimizerConfig,
-    ) -> Result<Transformed<LogicalPlan>> {
-        on_join(plan, prefilter_scans)
-    }
-}
+join_rule!(PrefilterScans, "basin_prefilter_scans", prefilter_scans);
 
 /// The join with a scan of one side pre-filtered by the other side's keys, or `None`.
 fn prefilter_scans(join: &Join) -> Result<Option<LogicalPlan>> {

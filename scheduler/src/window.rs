@@ -38,7 +38,7 @@ use std::sync::Arc;
 
 use datafusion::arrow::datatypes::DataType;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
-use datafusion::common::{Column, DFSchemaRef, JoinType, NullEquality, Result, ScalarValue};
+use datafusion::common::{Column, DFSchemaRef, JoinType, NullEquality, Result};
 use datafusion::logical_expr::ExprSchemable;
 use datafusion::logical_expr::expr::{AggregateFunction, WindowFunction, WindowFunctionParams};
 use datafusion::logical_expr::utils::split_conjunction;
@@ -46,7 +46,8 @@ use datafusion::logical_expr::{
     Aggregate, Expr, Join, LogicalPlan, LogicalPlanBuilder, Operator, TableScan, WindowFrame,
     WindowFunctionDefinition,
 };
-use datafusion::optimizer::{ApplyOrder, OptimizerConfig, OptimizerRule};
+
+use crate::prefilter::{always_true, unalias};
 
 /// The names of the window columns this rule adds.
 const WINDOW: &str = "__basin_window";
@@ -55,27 +56,11 @@ const WINDOW: &str = "__basin_window";
 #[derive(Debug, Default)]
 pub struct AggregateSubqueryAsWindow;
 
-impl OptimizerRule for AggregateSubqueryAsWindow {
-    fn name(&self) -> &str {
-        "basin_aggregate_subquery_as_window"
-    }
-
-    fn apply_order(&self) -> Option<ApplyOrder> {
-        Some(ApplyOrder::BottomUp)
-    }
-
-    fn supports_rewrite(&self) -> bool {
-        true
-    }
-
-    fn rewrite(
-        &self,
-        plan: LogicalPlan,
-        _config: &dyn OptimizerConfig,
-    ) -> Result<Transformed<LogicalPlan>> {
-        crate::prefilter::on_join(plan, as_window)
-    }
-}
+crate::prefilter::join_rule!(
+    AggregateSubqueryAsWindow,
+    "basin_aggregate_subquery_as_window",
+    as_window
+);
 
 /// The subquery of a join: its alias, its output expressions (over the aggregate's columns)
 /// and the aggregate.
@@ -128,7 +113,7 @@ fn as_window(join: &Join) -> Result<Option<LogicalPlan>> {
         _ => return Ok(None),
     };
     let agg = sub.aggregate;
-    let groups: Vec<&Column> = match agg.group_expr.iter().map(as_column).collect() {
+    let groups: Vec<&Column> = match agg.group_expr.iter().map(Expr::try_as_col).collect() {
         Some(groups) => groups,
         None => return Ok(None),
     };
@@ -150,26 +135,16 @@ fn as_window(join: &Join) -> Result<Option<LogicalPlan>> {
     else {
         return Ok(None);
     };
-    let replace = |e: &Expr| -> Result<Expr> { replace_columns(e.clone(), &replacements) };
-    // The subquery's columns over the outer rows and the window.
+    // The subquery's columns over the outer rows and the window: as outputs (aliased to
+    // their names) and as what replaces them in the join's conditions.
     let mut sub_columns = vec![];
+    let mut sub_values: Vec<(Column, Expr)> = vec![];
     for ((qualifier, field), out) in sub.schema.iter().zip(&sub.outputs) {
-        let value = replace(strip_alias(out))?;
+        let value = replace_columns(unalias(out).clone(), &replacements)?;
+        sub_values.push((Column::from((qualifier, field)), value.clone()));
         sub_columns.push(value.alias_qualified(qualifier.cloned(), field.name()));
     }
-    let sub_column_value = |col: &Column| -> Option<Expr> {
-        let index = sub.schema.index_of_column(col).ok()?;
-        Some(strip_alias(&sub_columns[index]).clone())
-    };
-    let to_outer = |e: &Expr| -> Result<Expr> {
-        let mut pairs = vec![];
-        for col in e.column_refs() {
-            if let Some(value) = sub_column_value(col) {
-                pairs.push((col.clone(), value));
-            }
-        }
-        replace_columns(e.clone(), &pairs)
-    };
+    let to_outer = |e: &Expr| replace_columns(e.clone(), &sub_values);
     let mut predicates = vec![];
     for (o, s) in &conditions {
         predicates.push(o.clone().eq(to_outer(s)?));
@@ -210,18 +185,18 @@ fn over_keys(
             return None;
         }
         let index = sub.schema.index_of_column(col).ok()?;
-        Some(strip_alias(&sub.outputs[index]))
+        Some(unalias(&sub.outputs[index]))
     };
     // Each grouping key's column of the outer rows, and the other conditions of the join.
     let mut keys: Vec<Option<Column>> = vec![None; groups.len()];
     let mut conditions: Vec<(Expr, Expr)> = vec![];
     for (l, r) in &join.on {
         let (o, s) = if sub_right { (l, r) } else { (r, l) };
-        let group = as_column(s)
+        let group = Expr::try_as_col(s)
             .and_then(output)
-            .and_then(as_column)
+            .and_then(Expr::try_as_col)
             .and_then(|c| groups.iter().position(|g| *g == c));
-        match (group, as_column(o)) {
+        match (group, Expr::try_as_col(o)) {
             (Some(i), Some(c)) if keys[i].is_none() => keys[i] = Some(c.clone()),
             _ => conditions.push((o.clone(), s.clone())),
         }
@@ -251,7 +226,7 @@ fn over_keys(
         .zip(agg.schema.iter().skip(groups.len()))
         .enumerate()
     {
-        let Expr::AggregateFunction(AggregateFunction { func, params }) = strip_alias(expr) else {
+        let Expr::AggregateFunction(AggregateFunction { func, params }) = unalias(expr) else {
             return None;
         };
         // An average of floating-point values depends on how many additions make it: only
@@ -339,7 +314,7 @@ fn total_over_groups(join: &Join, outer: &LogicalPlan, agg: &Aggregate) -> Optio
     let per_group = groups.schema.iter().skip(groups.group_expr.len());
     let per_group: Vec<_> = groups.aggr_expr.iter().zip(per_group).collect();
     for (i, (expr, (qualifier, field))) in agg.aggr_expr.iter().zip(agg.schema.iter()).enumerate() {
-        let expr = strip_alias(expr);
+        let expr = unalias(expr);
         let Expr::AggregateFunction(AggregateFunction { func, params }) = expr else {
             return None;
         };
@@ -352,7 +327,7 @@ fn total_over_groups(join: &Join, outer: &LogicalPlan, agg: &Aggregate) -> Optio
             _ => return None,
         };
         let (_, (group_qualifier, group_field)) =
-            per_group.iter().find(|(e, _)| strip_alias(e) == expr)?;
+            per_group.iter().find(|(e, _)| unalias(e) == expr)?;
         // Floating-point sums of the groups' sums add in another order.
         if func.name() == "sum" && !exact_sum(group_field.data_type()) {
             return None;
@@ -391,20 +366,6 @@ fn equal_sides(e: &Expr) -> Option<(&Expr, &Expr)> {
     }
 }
 
-fn as_column(e: &Expr) -> Option<&Column> {
-    match e {
-        Expr::Column(c) => Some(c),
-        _ => None,
-    }
-}
-
-fn strip_alias(e: &Expr) -> &Expr {
-    match e {
-        Expr::Alias(a) => strip_alias(&a.expr),
-        e => e,
-    }
-}
-
 fn columns_in(e: &Expr, schema: &DFSchemaRef) -> bool {
     e.column_refs().iter().all(|c| schema.has_column(c))
 }
@@ -437,7 +398,7 @@ impl<'a> JoinGraph<'a> {
 
     fn add(&mut self, plan: &'a LogicalPlan) -> bool {
         match plan {
-            LogicalPlan::Projection(p) if p.expr.iter().all(|e| as_column(e).is_some()) => {
+            LogicalPlan::Projection(p) if p.expr.iter().all(|e| Expr::try_as_col(e).is_some()) => {
                 self.add(&p.input)
             }
             LogicalPlan::Join(j)
@@ -454,7 +415,8 @@ impl<'a> JoinGraph<'a> {
                         .chain(in_filter.map(equal_sides))
                 {
                     // Any other condition filters rows the graph does not describe.
-                    let Some((Some(l), Some(r))) = pair.map(|(l, r)| (as_column(l), as_column(r)))
+                    let Some((Some(l), Some(r))) =
+                        pair.map(|(l, r)| (Expr::try_as_col(l), Expr::try_as_col(r)))
                     else {
                         return false;
                     };
@@ -572,7 +534,7 @@ fn same_rows(a: &LogicalPlan, b: &LogicalPlan) -> bool {
             let filters = |scan: &TableScan| -> Vec<Expr> {
                 scan.filters
                     .iter()
-                    .filter(|f| !matches!(f, Expr::Literal(ScalarValue::Boolean(Some(true)), _)))
+                    .filter(|f| !always_true(f))
                     .cloned()
                     .collect()
             };
@@ -606,7 +568,7 @@ fn same_rows(a: &LogicalPlan, b: &LogicalPlan) -> bool {
 
 fn past_column_projections(plan: &LogicalPlan) -> &LogicalPlan {
     match plan {
-        LogicalPlan::Projection(p) if p.expr.iter().all(|e| as_column(e).is_some()) => {
+        LogicalPlan::Projection(p) if p.expr.iter().all(|e| Expr::try_as_col(e).is_some()) => {
             past_column_projections(&p.input)
         }
         plan => plan,
