@@ -632,25 +632,16 @@ impl Placement<'_> {
             }
             return semi_join(plan, key, self.source);
         }
-        let inner = match plan {
-            LogicalPlan::Projection(_) | LogicalPlan::SubqueryAlias(_) | LogicalPlan::Filter(_) => {
-                match passed_from(plan, key) {
-                    Some(inner) => inner,
-                    None => return Ok(None),
-                }
+        match step_toward(plan, key) {
+            Step::Through(inner) => {
+                let Some(reduced) = self.at_scan(plan.inputs()[0], &inner, partner_rows)? else {
+                    return Ok(None);
+                };
+                with_input(plan, 0, reduced).map(Some)
             }
-            // A scan pre-filtered before (by this rule or by `PrefilterGroups`).
-            LogicalPlan::Join(join) if is_keys(&join.left) || is_keys(&join.right) => {
-                return Ok(None);
-            }
-            LogicalPlan::Join(join) => return self.at_join(plan, join, key, partner_rows),
-            _ => return Ok(None),
-        };
-        let Some(reduced) = self.at_scan(plan.inputs()[0], &inner, partner_rows)? else {
-            return Ok(None);
-        };
-        plan.with_new_exprs(plan.expressions(), vec![reduced])
-            .map(Some)
+            Step::Join(join) => self.at_join(plan, join, key, partner_rows),
+            Step::Stop => Ok(None),
+        }
     }
 
     /// [`Placement::at_scan`] through a join (`plan`) below the cutting one: the scan that
@@ -725,17 +716,9 @@ fn through_dimension(
     key: &Column,
     source: &KeySource,
 ) -> Result<Option<LogicalPlan>> {
-    let (i, inner) = match plan {
-        LogicalPlan::Projection(_) | LogicalPlan::SubqueryAlias(_) | LogicalPlan::Filter(_) => {
-            match passed_from(plan, key) {
-                Some(inner) => (0, inner),
-                None => return Ok(None),
-            }
-        }
-        LogicalPlan::Join(join) if is_keys(&join.left) || is_keys(&join.right) => {
-            return Ok(None);
-        }
-        LogicalPlan::Join(join) => {
+    let (i, inner) = match step_toward(plan, key) {
+        Step::Through(inner) => (0, inner),
+        Step::Join(join) => {
             let on_left = join.left.schema().has_column(key);
             if !passes_rows_as_themselves(join, on_left) {
                 return Ok(None);
@@ -746,14 +729,41 @@ fn through_dimension(
             }
             (if on_left { 0 } else { 1 }, key.clone())
         }
-        _ => return Ok(None),
+        Step::Stop => return Ok(None),
     };
     let Some(reduced) = through_dimension(plan.inputs()[i], &inner, source)? else {
         return Ok(None);
     };
+    with_input(plan, i, reduced).map(Some)
+}
+
+/// One step of a descent from `plan` toward the scan that produces `key`.
+enum Step<'a> {
+    /// Into the only input of a projection, alias or filter, where `key` has this name.
+    Through(Column),
+    /// Into a join, which the caller crosses its own way.
+    Join(&'a Join),
+    /// Nowhere: `key` is computed here, the join was pre-filtered before (by
+    /// [`PrefilterScans`] or [`PrefilterGroups`]), or `plan` is another kind of node.
+    Stop,
+}
+
+fn step_toward<'a>(plan: &'a LogicalPlan, key: &Column) -> Step<'a> {
+    match plan {
+        LogicalPlan::Projection(_) | LogicalPlan::SubqueryAlias(_) | LogicalPlan::Filter(_) => {
+            passed_from(plan, key).map_or(Step::Stop, Step::Through)
+        }
+        LogicalPlan::Join(join) if is_keys(&join.left) || is_keys(&join.right) => Step::Stop,
+        LogicalPlan::Join(join) => Step::Join(join),
+        _ => Step::Stop,
+    }
+}
+
+/// `plan` with its input `i` replaced by `input`.
+fn with_input(plan: &LogicalPlan, i: usize, input: LogicalPlan) -> Result<LogicalPlan> {
     let mut inputs: Vec<LogicalPlan> = plan.inputs().into_iter().cloned().collect();
-    inputs[i] = reduced;
-    plan.with_new_exprs(plan.expressions(), inputs).map(Some)
+    inputs[i] = input;
+    plan.with_new_exprs(plan.expressions(), inputs)
 }
 
 /// `plan`, an inner `join` of a dimension's scan chain (the left side when `on_left`) with
