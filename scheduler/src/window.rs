@@ -508,7 +508,7 @@ fn filters(plan: &LogicalPlan) -> bool {
     let _ = plan.apply(|node| {
         found |= match node {
             LogicalPlan::Filter(_) => true,
-            LogicalPlan::TableScan(scan) => !scan.filters.is_empty(),
+            LogicalPlan::TableScan(scan) => scan.filters.iter().any(|f| !always_true(f)),
             LogicalPlan::Join(j) => matches!(
                 j.join_type,
                 JoinType::LeftSemi | JoinType::RightSemi | JoinType::LeftAnti | JoinType::RightAnti
