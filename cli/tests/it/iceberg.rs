@@ -255,6 +255,46 @@ fn parquet_properties_choose_how_files_are_written() {
 }
 
 #[test]
+fn a_one_file_table_is_read_by_row_group_in_several_slots() {
+    let data = scratch_dir("lake-row-groups");
+    // One file (a sorted CTAS writes from one partition) of 7 row groups of at most 10,000
+    // rows; `tags` is a list, which only iceberg-rust's reader reads.
+    ok(
+        &data,
+        "CREATE SCHEMA lake.s; \
+         CREATE TABLE lake.s.one WITH (\"write.parquet.row-group-limit\" = '10000') AS \
+           SELECT *, make_array(l_linenumber) AS tags FROM tpch.tiny.lineitem \
+           ORDER BY l_orderkey, l_linenumber",
+    );
+    assert_eq!(
+        ok(&data, "SELECT count(*) AS files FROM lake.s.\"one$files\""),
+        "files\n1\n"
+    );
+    let plan = ok(&data, "EXPLAIN SELECT sum(l_quantity) FROM lake.s.one");
+    assert!(
+        plan.contains("files=1 of 1") && !plan.contains("partitions=1,"),
+        "{plan}"
+    );
+    // Every row exactly once, through either reader, with and without a filter.
+    let same = |sql: &str| {
+        let ours = sql.replace("FROM t", "FROM lake.s.one");
+        let theirs = sql
+            .replace("FROM t", "FROM tpch.tiny.lineitem")
+            .replace("tags[1]", "l_linenumber");
+        assert_eq!(ok(&data, &ours), ok(&data, &theirs), "{sql}");
+    };
+    same(
+        "SELECT count(*) AS n, sum(l_quantity) AS q, sum(l_orderkey * 7 + l_linenumber) AS k FROM t",
+    );
+    same("SELECT count(*) AS n, sum(l_orderkey * 7 + tags[1]) AS k FROM t");
+    same(
+        "SELECT count(*) AS n, sum(l_extendedprice) AS p FROM t \
+         WHERE l_quantity > 30 AND l_shipdate < DATE '1995-01-01'",
+    );
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[test]
 fn killed_before_commit_leaves_the_old_snapshot() {
     let data = scratch_dir("lake-kill");
     ok(

@@ -361,9 +361,16 @@ impl ExecutionPlan for IcebergScanExec {
             .try_fold(0u64, |acc, r| r.map(|r| acc + r));
         let bytes: u64 = tasks.iter().map(|t| t.length).sum();
         let has_deletes = tasks.iter().any(|t| !t.deletes.is_empty());
+        // A range of a file (one of its row groups) carries a share of the file's count by
+        // bytes: exact only over the whole scan, where the shares add up.
+        let shares = partition.is_some()
+            && tasks
+                .iter()
+                .any(|t| t.start != 0 || t.length != t.file_size_in_bytes);
         let num_rows = match rows {
             Some(r)
                 if !has_deletes
+                    && !shares
                     && self.spec.limit.is_none()
                     && self.spec.stats.predicate.is_none() =>
             {

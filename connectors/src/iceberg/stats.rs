@@ -32,6 +32,8 @@ struct FileMetrics {
     upper: HashMap<i32, Datum>,
     nulls: HashMap<i32, u64>,
     nans: HashMap<i32, u64>,
+    /// Where the file's row groups start (the manifest's `split_offsets`), if recorded.
+    splits: Option<Vec<i64>>,
 }
 
 /// Manifest lists and manifests are immutable: what was read from them is kept by path for
@@ -115,6 +117,26 @@ pub(crate) async fn column_statistics(
     (seen == planned.len()).then_some(stats)
 }
 
+/// Where the row groups of the planned files start, by path, from the same manifests as the
+/// statistics (files without recorded offsets are left out; nothing when the manifests cannot
+/// be read).
+pub(crate) async fn row_group_offsets(
+    table: &Table,
+    metadata: &TableMetadata,
+    snapshot_id: i64,
+    planned: &HashSet<&str>,
+) -> HashMap<String, Vec<i64>> {
+    let Some(manifests) = snapshot_metrics(table, metadata, snapshot_id).await else {
+        return HashMap::new();
+    };
+    manifests
+        .iter()
+        .flat_map(|m| m.iter())
+        .filter(|(path, _)| planned.contains(path.as_str()))
+        .filter_map(|(path, file)| Some((path.clone(), file.splits.clone()?)))
+        .collect()
+}
+
 /// The file metrics of a snapshot's data manifests.
 async fn snapshot_metrics(
     table: &Table,
@@ -161,6 +183,7 @@ async fn manifest_metrics(table: &Table, manifest: &ManifestFile) -> Option<Arc<
                 upper: file.upper_bounds().clone(),
                 nulls: file.null_value_counts().clone(),
                 nans: file.nan_value_counts().clone(),
+                splits: file.split_offsets().map(<[i64]>::to_vec),
             },
         );
     }

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use super::by_name::{by_name_fields, encode_filters};
 use super::catalog::{IcebergCatalog, IcebergOptions, error_text};
 use super::scan::{IcebergScanExec, ScanPlanStats, ScanSpec};
-use super::stats::column_statistics;
+use super::stats::{column_statistics, row_group_offsets};
 use super::storage::BasinStorageFactory;
 
 /// Which snapshot a query reads.
@@ -410,6 +410,7 @@ impl IcebergTableProvider {
         let mut tasks: Vec<FileScanTask> = Vec::new();
         let mut files_total = 0u64;
         let mut column_stats = None;
+        let mut row_groups = HashMap::new();
         if let Some(snapshot_id) = self.spec.snapshot_id {
             let table = self.spec.table()?;
             let mut builder = table
@@ -458,6 +459,13 @@ impl IcebergTableProvider {
                 &version_schema,
             )
             .await;
+            let bytes = tasks.iter().map(|t| t.length).sum();
+            if tasks.len()
+                < wanted_partitions(bytes, self.spec.options.split_size, target_partitions)
+            {
+                row_groups =
+                    row_group_offsets(&table, &self.spec.metadata, snapshot_id, &planned).await;
+            }
         }
         let name_mapping = self
             .spec
@@ -480,7 +488,12 @@ impl IcebergTableProvider {
             &tasks,
         );
         let filter = by_name.as_ref().and_then(|_| encode_filters(filters));
-        let groups = balance(tasks, self.spec.options.split_size, target_partitions);
+        let groups = balance(
+            tasks,
+            &row_groups,
+            self.spec.options.split_size,
+            target_partitions,
+        );
         let exec = IcebergScanExec::try_new(ScanSpec {
             table: qualified,
             snapshot_id: self.spec.snapshot_id,
@@ -517,11 +530,26 @@ fn strip_task(mut task: FileScanTask) -> FileScanTask {
     task
 }
 
-/// Spreads tasks over partitions: as many as the bytes need at `split_size` per partition,
-/// at least enough to use `target_partitions` slots, never more than the tasks. Largest
-/// files first, each to the lightest partition.
+/// How many partitions a scan of `bytes` wants: as many as the bytes need at `split_size`
+/// per partition, and at least enough to use `target_partitions` slots.
+fn wanted_partitions(bytes: u64, split_size: u64, target_partitions: usize) -> usize {
+    (bytes.div_ceil(split_size.max(1)) as usize).max(target_partitions.max(1))
+}
+
+/// Spreads tasks over partitions: as many as [`wanted_partitions`], never more than the
+/// pieces there are to spread. Largest pieces first, each to the lightest partition.
+///
+/// A piece is a whole file, unless there are fewer files than partitions wanted: then each
+/// file whose row groups start at known `row_groups` offsets (and that has no delete files)
+/// is cut into one byte range per row group, so that a table of one or two files is still
+/// read by every slot (TPC-H's `part` is one file). Both readers (DataFusion's and
+/// iceberg-rust's) give a row group to the range that holds its start (or its middle); the
+/// ranges of a file cover it from byte 0 to its end without gaps, so each row group is read
+/// exactly once even if the recorded offsets were wrong. A partition's adjacent ranges of
+/// one file are joined again.
 pub fn balance(
-    mut tasks: Vec<FileScanTask>,
+    tasks: Vec<FileScanTask>,
+    row_groups: &HashMap<String, Vec<i64>>,
     split_size: u64,
     target_partitions: usize,
 ) -> Vec<Vec<FileScanTask>> {
@@ -529,26 +557,108 @@ pub fn balance(
         return vec![Vec::new()];
     }
     let bytes: u64 = tasks.iter().map(|t| t.length).sum();
-    let by_size = bytes.div_ceil(split_size.max(1)) as usize;
-    let n = by_size
-        .max(target_partitions.max(1))
-        .min(tasks.len())
-        .max(1);
-    tasks.sort_by(|a, b| {
+    let wanted = wanted_partitions(bytes, split_size, target_partitions);
+    let mut pieces: Vec<FileScanTask> = if tasks.len() < wanted {
+        tasks
+            .into_iter()
+            .flat_map(|t| {
+                let offsets = row_groups.get(&t.data_file_path);
+                split_by_row_group(t, offsets.map_or(&[][..], Vec::as_slice))
+            })
+            .collect()
+    } else {
+        tasks
+    };
+    let n = wanted.min(pieces.len()).max(1);
+    pieces.sort_by(|a, b| {
         b.length
             .cmp(&a.length)
             .then_with(|| a.data_file_path.cmp(&b.data_file_path))
+            .then_with(|| a.start.cmp(&b.start))
     });
     let mut groups: Vec<(u64, Vec<FileScanTask>)> = (0..n).map(|_| (0, Vec::new())).collect();
-    for task in tasks {
+    for piece in pieces {
         let lightest = groups
             .iter_mut()
             .min_by_key(|(load, _)| *load)
             .expect("at least one group");
-        lightest.0 += task.length;
-        lightest.1.push(task);
+        lightest.0 += piece.length;
+        lightest.1.push(piece);
     }
-    groups.into_iter().map(|(_, g)| g).collect()
+    groups.into_iter().map(|(_, g)| join_adjacent(g)).collect()
+}
+
+/// `task` (a whole file) as one range per row group, given where its row groups start; the
+/// file's record count is shared out by bytes (the ranges' counts add up to the file's).
+fn split_by_row_group(task: FileScanTask, offsets: &[i64]) -> Vec<FileScanTask> {
+    let size = task.file_size_in_bytes;
+    let whole = task.start == 0 && task.length == size;
+    let mut cuts: Vec<u64> = offsets
+        .iter()
+        .filter_map(|o| u64::try_from(*o).ok())
+        .filter(|o| *o > 0 && *o < size)
+        .collect();
+    cuts.sort_unstable();
+    cuts.dedup();
+    // The first row group starts right after the file's magic: no cut before it.
+    if !cuts.is_empty() {
+        cuts.remove(0);
+    }
+    if !whole || !task.deletes.is_empty() || cuts.is_empty() {
+        return vec![task];
+    }
+    let bounds: Vec<u64> = std::iter::once(0)
+        .chain(cuts)
+        .chain(std::iter::once(size))
+        .collect();
+    let mut left = task.record_count;
+    let last = bounds.len() - 2;
+    bounds
+        .windows(2)
+        .enumerate()
+        .map(|(i, w)| {
+            let mut piece = task.clone();
+            piece.start = w[0];
+            piece.length = w[1] - w[0];
+            piece.record_count = match (task.record_count, left) {
+                (Some(total), Some(rest)) => {
+                    let share = if i == last {
+                        rest
+                    } else {
+                        (u128::from(total) * u128::from(piece.length) / u128::from(size.max(1)))
+                            .min(u128::from(rest)) as u64
+                    };
+                    left = Some(rest - share);
+                    Some(share)
+                }
+                _ => None,
+            };
+            piece
+        })
+        .collect()
+}
+
+/// Joins a partition's ranges that continue one another in the same file.
+fn join_adjacent(mut tasks: Vec<FileScanTask>) -> Vec<FileScanTask> {
+    tasks.sort_by(|a, b| {
+        a.data_file_path
+            .cmp(&b.data_file_path)
+            .then_with(|| a.start.cmp(&b.start))
+    });
+    let mut joined: Vec<FileScanTask> = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        match joined.last_mut() {
+            Some(prev)
+                if prev.data_file_path == task.data_file_path
+                    && prev.start + prev.length == task.start =>
+            {
+                prev.length += task.length;
+                prev.record_count = prev.record_count.zip(task.record_count).map(|(a, b)| a + b);
+            }
+            _ => joined.push(task),
+        }
+    }
+    joined
 }
 
 #[async_trait]
@@ -614,7 +724,154 @@ impl TableProvider for IcebergTableProvider {
 
 #[cfg(test)]
 mod tests {
-    use super::Lru;
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use iceberg::scan::{FileScanTask, FileScanTaskDeleteFile};
+    use iceberg::spec::{DataContentType, DataFileFormat, Schema};
+
+    use super::{Lru, balance};
+
+    fn file(path: &str, size: u64, rows: u64) -> FileScanTask {
+        FileScanTask::builder()
+            .with_file_size_in_bytes(size)
+            .with_start(0)
+            .with_length(size)
+            .with_record_count(Some(rows))
+            .with_data_file_path(path.to_string())
+            .with_data_file_format(DataFileFormat::Parquet)
+            .with_schema(Arc::new(Schema::builder().build().unwrap()))
+            .with_project_field_ids(vec![])
+            .with_case_sensitive(true)
+            .build()
+    }
+
+    /// A range of a file: path, start, end, rows.
+    type Range = (String, u64, u64, Option<u64>);
+
+    /// Each partition's ranges, partitions in order.
+    fn ranges(groups: &[Vec<FileScanTask>]) -> Vec<Vec<Range>> {
+        groups
+            .iter()
+            .map(|g| {
+                g.iter()
+                    .map(|t| {
+                        let path = t.data_file_path.clone();
+                        (path, t.start, t.start + t.length, t.record_count)
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn offsets(pairs: &[(&str, &[i64])]) -> HashMap<String, Vec<i64>> {
+        pairs
+            .iter()
+            .map(|(p, o)| (p.to_string(), o.to_vec()))
+            .collect()
+    }
+
+    #[test]
+    fn a_lone_file_is_read_by_row_group_in_every_slot() {
+        // Two row groups of 400 and 600 bytes after the 4-byte magic, a 100-byte footer.
+        let groups = balance(
+            vec![file("a", 1104, 1000)],
+            &offsets(&[("a", &[4, 404])]),
+            128 << 20,
+            2,
+        );
+        let mut got = ranges(&groups);
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                vec![("a".to_string(), 0, 404, Some(365))],
+                vec![("a".to_string(), 404, 1104, Some(635))],
+            ]
+        );
+        // More slots than row groups: one partition per row group, no empty ones.
+        let groups = balance(
+            vec![file("a", 1104, 1000)],
+            &offsets(&[("a", &[4, 404])]),
+            128 << 20,
+            8,
+        );
+        assert_eq!(groups.len(), 2);
+    }
+
+    #[test]
+    fn ranges_cover_the_whole_file_whatever_the_offsets_say() {
+        // Unordered, duplicated, out of the file, negative: the ranges still go from byte 0
+        // to the end without a gap or an overlap, so no row group is lost or read twice.
+        let groups = balance(
+            vec![file("a", 1000, 10)],
+            &offsets(&[("a", &[700, 4, 300, 300, 5000, -1, 0])]),
+            128 << 20,
+            4,
+        );
+        let mut all: Vec<_> = ranges(&groups).into_iter().flatten().collect();
+        all.sort_by_key(|r| r.1);
+        let bounds: Vec<(u64, u64)> = all.iter().map(|r| (r.1, r.2)).collect();
+        assert_eq!(bounds, vec![(0, 300), (300, 700), (700, 1000)]);
+        assert_eq!(all.iter().map(|r| r.3.unwrap()).sum::<u64>(), 10);
+    }
+
+    #[test]
+    fn files_are_kept_whole_when_there_are_enough_or_they_cannot_be_cut() {
+        let two = vec![file("a", 1000, 10), file("b", 900, 9)];
+        let cut = offsets(&[("a", &[4, 500]), ("b", &[4, 450])]);
+        let groups = balance(two.clone(), &cut, 128 << 20, 2);
+        let got = ranges(&groups);
+        assert!(got.iter().flatten().all(|r| r.1 == 0), "{got:?}");
+        // No recorded offsets, one row group, or delete files: the file stays whole.
+        for (task, cut) in [
+            (file("a", 1000, 10), offsets(&[])),
+            (file("a", 1000, 10), offsets(&[("a", &[4])])),
+            (
+                {
+                    let mut t = file("a", 1000, 10);
+                    t.deletes.push(
+                        FileScanTaskDeleteFile::builder()
+                            .with_file_path("d".to_string())
+                            .with_file_size_in_bytes(10)
+                            .with_file_type(DataContentType::PositionDeletes)
+                            .with_partition_spec_id(0)
+                            .with_equality_ids(None)
+                            .build(),
+                    );
+                    t
+                },
+                offsets(&[("a", &[4, 500])]),
+            ),
+        ] {
+            let groups = balance(vec![task], &cut, 128 << 20, 2);
+            assert_eq!(
+                ranges(&groups),
+                vec![vec![("a".to_string(), 0, 1000, Some(10))]]
+            );
+        }
+    }
+
+    #[test]
+    fn a_partitions_adjacent_row_groups_are_read_as_one_range() {
+        // `a` in four row groups and `b` in one, over three slots: ranges of `a` that
+        // land in one slot next to each other are read as one.
+        let groups = balance(
+            vec![file("a", 404, 400), file("b", 104, 100)],
+            &offsets(&[("a", &[4, 104, 204, 304]), ("b", &[4])]),
+            128 << 20,
+            3,
+        );
+        let all: Vec<_> = ranges(&groups).into_iter().flatten().collect();
+        let a: u64 = all.iter().filter(|r| r.0 == "a").map(|r| r.2 - r.1).sum();
+        assert_eq!(a, 404);
+        assert_eq!(all.iter().map(|r| r.3.unwrap()).sum::<u64>(), 500);
+        for g in ranges(&groups) {
+            for w in g.windows(2) {
+                assert!(!(w[0].0 == w[1].0 && w[0].2 == w[1].1), "not joined: {g:?}");
+            }
+        }
+    }
 
     #[test]
     fn the_least_recently_used_entry_goes_first() {
