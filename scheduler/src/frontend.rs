@@ -291,7 +291,7 @@ impl BasinQueryPlanner {
         // scans are bounded by `single_node_max_bytes`, so the build sides fit in memory
         // (sort-merge joins, the cluster's default because they spill, were 2-7x slower
         // on TPC-H SF1 joins).
-        let executor = streamed::next_executor(executors);
+        let (executor, running) = streamed::next_executor(executors);
         let mut one_node = state.clone();
         let options = one_node.config_mut().options_mut();
         options.execution.target_partitions = (executor.task_slots as usize).max(1);
@@ -300,7 +300,7 @@ impl BasinQueryPlanner {
         let physical = self.local.create_physical_plan(plan, &one_node).await?;
         Ok(streamed::single_node(
             physical,
-            executor,
+            (executor, running),
             self.single_node_max_bytes,
         ))
     }
