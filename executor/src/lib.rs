@@ -166,7 +166,15 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
     // executors that stopped without removing theirs are removed here.
     let _owned = match options.work_dir {
         Some(_) => None,
-        None => Some(OwnedWorkDir::claim(&work_dir)?),
+        None => {
+            let owned = OwnedWorkDir::claim(&work_dir)?;
+            if let Some(parent) = work_dir.parent() {
+                let (parent, own) = (parent.to_path_buf(), work_dir.clone());
+                // Gigabytes may go: off the runtime's threads, not waited for.
+                tokio::task::spawn_blocking(move || remove_stopped_work_dirs(&parent, &own));
+            }
+            Some(owned)
+        }
     };
     let work_dir_str = work_dir.to_string_lossy().to_string();
 
@@ -298,6 +306,9 @@ struct OwnedWorkDir {
 }
 
 impl OwnedWorkDir {
+    /// Creates `path` if needed and locks it. A cleanup by another executor starting at the
+    /// same time may hold the lock for a moment, or move the directory away between the
+    /// open and the lock (an executor started again on its old port): both are waited out.
     fn claim(path: &Path) -> Result<Self> {
         let bad = |what: &str, e: &dyn std::fmt::Display| {
             BasinError::Invalid(format!(
@@ -305,26 +316,57 @@ impl OwnedWorkDir {
                 path.display()
             ))
         };
-        let lock = std::fs::File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(path.join(WORK_DIR_LOCK))
-            .map_err(|e| bad("cannot create its lock file", &e))?;
-        lock.try_lock().map_err(|e| match e {
-            std::fs::TryLockError::WouldBlock => bad(
-                "another running executor uses it",
-                &"give this one another --flight-port",
-            ),
-            std::fs::TryLockError::Error(e) => bad("cannot lock it", &e),
-        })?;
-        if let Some(parent) = path.parent() {
-            remove_stopped_work_dirs(parent, path);
+        let lock_path = path.join(WORK_DIR_LOCK);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let last = attempt >= 50;
+            std::fs::create_dir_all(path).map_err(|e| bad("cannot create it", &e))?;
+            let lock = std::fs::File::options()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&lock_path)
+                .map_err(|e| bad("cannot create its lock file", &e))?;
+            // A fresh lock file is left alone by cleanups (see remove_stopped_work_dirs).
+            let _ = lock.set_modified(std::time::SystemTime::now());
+            match lock.try_lock() {
+                Ok(()) if same_file(&lock, &lock_path) => {
+                    return Ok(Self {
+                        path: path.to_path_buf(),
+                        _lock: lock,
+                    });
+                }
+                Ok(()) if !last => {}
+                Ok(()) => return Err(bad("it keeps being moved away", &"try again")),
+                Err(std::fs::TryLockError::WouldBlock) if !last => {}
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(bad(
+                        "another running executor uses it",
+                        &"give this one another --flight-port",
+                    ));
+                }
+                Err(std::fs::TryLockError::Error(e)) => return Err(bad("cannot lock it", &e)),
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
         }
-        Ok(Self {
-            path: path.to_path_buf(),
-            _lock: lock,
-        })
+    }
+}
+
+/// Whether the open `file` is still the one at `path`.
+fn same_file(file: &std::fs::File, path: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (file.metadata(), std::fs::metadata(path)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = file;
+        path.exists()
     }
 }
 
@@ -335,6 +377,9 @@ impl Drop for OwnedWorkDir {
         }
     }
 }
+
+/// Names the directories being removed.
+static TRASH: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Removes the default work directories under `parent` whose executor stopped without
 /// removing its own (killed): those with a lock file nobody holds. A lock file younger than
@@ -359,14 +404,26 @@ fn remove_stopped_work_dirs(parent: &Path, own: &Path) {
         let Ok(lock) = std::fs::File::options().write(true).open(&lock_path) else {
             continue;
         };
-        if lock.try_lock().is_ok() {
-            match std::fs::remove_dir_all(&dir) {
-                Ok(()) => {
-                    tracing::info!(dir = %dir.display(), "removed the work directory of a stopped executor")
-                }
-                Err(e) => {
-                    tracing::warn!(dir = %dir.display(), error = %e, "cannot remove the work directory of a stopped executor")
-                }
+        if lock.try_lock().is_err() || !same_file(&lock, &lock_path) {
+            continue;
+        }
+        // Moved aside under the lock, then removed: an executor started again on the old
+        // port makes a new directory instead of using one that is being removed.
+        let trash = parent.join(format!(
+            ".removing-{}-{}",
+            std::process::id(),
+            TRASH.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        if std::fs::rename(&dir, &trash).is_err() {
+            continue;
+        }
+        drop(lock);
+        match std::fs::remove_dir_all(&trash) {
+            Ok(()) => {
+                tracing::info!(dir = %dir.display(), "removed the work directory of a stopped executor")
+            }
+            Err(e) => {
+                tracing::warn!(dir = %trash.display(), error = %e, "cannot remove the work directory of a stopped executor")
             }
         }
     }
@@ -489,14 +546,25 @@ mod tests {
 
         let running = dir("127.0.0.1-3");
         let held = OwnedWorkDir::claim(&running).unwrap();
+        remove_stopped_work_dirs(&root, &running);
         assert!(!killed.exists());
         assert!(starting.exists() && other.exists() && running.exists());
         // Held: another executor can neither take it nor sweep it away.
         stale_lock(&running);
         let e = OwnedWorkDir::claim(&running).err().unwrap().to_string();
         assert!(e.contains("another running executor uses it"), "{e}");
-        let _next = OwnedWorkDir::claim(&dir("127.0.0.1-4")).unwrap();
+        stale_lock(&running);
+        let next = dir("127.0.0.1-4");
+        let _next = OwnedWorkDir::claim(&next).unwrap();
+        remove_stopped_work_dirs(&root, &next);
         assert!(running.exists());
+        // Nothing being removed is left behind.
+        let left: Vec<_> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with(".removing"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
         drop(held);
         assert!(!running.exists());
         let _ = std::fs::remove_dir_all(&root);
