@@ -56,15 +56,11 @@ impl PhysicalOptimizerRule for DistributedSafeJoins {
         config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         let partitions = config.execution.target_partitions.max(1);
-        plan.transform_up(|node| {
-            let Some(join) = node.as_any().downcast_ref::<HashJoinExec>() else {
-                return Ok(Transformed::no(node));
-            };
-            if *join.partition_mode() != PartitionMode::CollectLeft
-                || !emits_build_rows_after_probe(*join.join_type())
+        on_collect_left_joins(plan, |join| {
+            if !emits_build_rows_after_probe(*join.join_type())
                 || join.right().output_partitioning().partition_count() <= 1
             {
-                return Ok(Transformed::no(node));
+                return Ok(None);
             }
             let rebuild = |mode, build, probe| {
                 join.builder()
@@ -73,7 +69,7 @@ impl PhysicalOptimizerRule for DistributedSafeJoins {
                     .recompute_properties()
                     .reset_state()
                     .build_exec()
-                    .map(Transformed::yes)
+                    .map(Some)
             };
             if join.null_aware {
                 let probe = Arc::new(CoalescePartitionsExec::new(Arc::clone(join.right())));
@@ -92,7 +88,6 @@ impl PhysicalOptimizerRule for DistributedSafeJoins {
             let probe = hash_partitioned(Arc::clone(join.right()), right_keys, partitions)?;
             rebuild(PartitionMode::Partitioned, build, probe)
         })
-        .data()
     }
 
     fn name(&self) -> &str {
@@ -125,21 +120,15 @@ impl PhysicalOptimizerRule for SmallerBuildSide {
         plan: Arc<dyn ExecutionPlan>,
         _config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        plan.transform_up(|node| {
-            let Some(join) = node.as_any().downcast_ref::<HashJoinExec>() else {
-                return Ok(Transformed::no(node));
-            };
-            if *join.partition_mode() != PartitionMode::CollectLeft
-                || !join.join_type().supports_swap()
+        on_collect_left_joins(plan, |join| {
+            if !join.join_type().supports_swap()
                 || join.null_aware
                 || !more_rows_than_twice(join.left().as_ref(), join.right().as_ref())?
             {
-                return Ok(Transformed::no(node));
+                return Ok(None);
             }
-            join.swap_inputs(PartitionMode::CollectLeft)
-                .map(Transformed::yes)
+            join.swap_inputs(PartitionMode::CollectLeft).map(Some)
         })
-        .data()
     }
 
     fn name(&self) -> &str {
@@ -149,6 +138,25 @@ impl PhysicalOptimizerRule for SmallerBuildSide {
     fn schema_check(&self) -> bool {
         true
     }
+}
+
+/// `plan` with each hash join that collects its build side (bottom up) replaced by what
+/// `rewrite` makes of it, or kept when it makes nothing.
+fn on_collect_left_joins(
+    plan: Arc<dyn ExecutionPlan>,
+    rewrite: impl Fn(&HashJoinExec) -> Result<Option<Arc<dyn ExecutionPlan>>>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_up(|node| {
+        let join = match node.as_any().downcast_ref::<HashJoinExec>() {
+            Some(join) if *join.partition_mode() == PartitionMode::CollectLeft => join,
+            _ => return Ok(Transformed::no(node)),
+        };
+        Ok(match rewrite(join)? {
+            Some(rewritten) => Transformed::yes(rewritten),
+            None => Transformed::no(node),
+        })
+    })
+    .data()
 }
 
 /// Whether `build` has more than twice the rows of `probe` by their estimates, and `probe` is

@@ -111,24 +111,17 @@ fn plain_anti_join(join: &Join) -> Result<Option<LogicalPlan>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use datafusion::execution::SessionStateBuilder;
     use datafusion::prelude::SessionContext;
 
     async fn context(with_rule: bool) -> SessionContext {
-        let mut state = SessionStateBuilder::new().with_default_features();
-        if with_rule {
-            state = state.with_optimizer_rule(Arc::new(NotInAsAntiJoin));
-        }
-        let ctx = SessionContext::new_with_state(state.build());
-        for sql in [
+        let rule = with_rule.then(|| Arc::new(NotInAsAntiJoin) as _);
+        let tables = [
             "CREATE TABLE t (x INT, v VARCHAR) AS VALUES \
              (1, 'a'), (2, 'b'), (3, 'c'), (NULL, 'n'), (5, 'e'), (2, 'b2')",
             "CREATE TABLE s (k INT, tag VARCHAR) AS VALUES \
              (2, 'p'), (4, 'p'), (NULL, 'q'), (5, 'r')",
-        ] {
-            ctx.sql(sql).await.unwrap().collect().await.unwrap();
-        }
-        ctx
+        ];
+        crate::testing::context(rule, &tables).await
     }
 
     use crate::testing::plan_and_rows as run;

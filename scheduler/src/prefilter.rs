@@ -824,12 +824,8 @@ mod tests {
     use datafusion::prelude::SessionContext;
 
     async fn context(with_rule: bool) -> SessionContext {
-        let mut state = SessionStateBuilder::new().with_default_features();
-        if with_rule {
-            state = state.with_optimizer_rule(Arc::new(PrefilterGroups));
-        }
-        let ctx = SessionContext::new_with_state(state.build());
-        for sql in [
+        let rule = with_rule.then(|| Arc::new(PrefilterGroups) as _);
+        let tables = [
             "CREATE TABLE dim (k INT, tag VARCHAR) AS VALUES \
              (1, 'a'), (2, 'b'), (3, 'a'), (NULL, 'a'), (5, 'c'), (6, 'a')",
             "CREATE TABLE fact (k INT, j INT, v INT) AS VALUES \
@@ -837,27 +833,11 @@ mod tests {
              (4, 1, 100), (5, 2, 3), (3, 2, 8)",
             "CREATE TABLE pair (k INT, j INT, w VARCHAR) AS VALUES \
              (1, 1, 'x'), (1, 2, 'y'), (3, 2, 'x'), (4, 1, 'x'), (NULL, 1, 'x')",
-        ] {
-            ctx.sql(sql).await.unwrap().collect().await.unwrap();
-        }
-        ctx
+        ];
+        crate::testing::context(rule, &tables).await
     }
 
-    /// The optimized plan and the sorted rows of `sql`.
-    async fn run(ctx: &SessionContext, sql: &str) -> (String, Vec<String>) {
-        let df = ctx.sql(sql).await.unwrap();
-        let plan = df
-            .clone()
-            .into_optimized_plan()
-            .unwrap()
-            .display_indent()
-            .to_string();
-        let batches = df.collect().await.unwrap();
-        let text = pretty_format_batches(&batches).unwrap().to_string();
-        let mut rows: Vec<String> = text.lines().skip(3).map(str::to_string).collect();
-        rows.sort();
-        (plan, rows)
-    }
+    use crate::testing::plan_and_rows as run;
 
     /// Every query gives the same rows with and without the rule; `rewritten` says whether
     /// the rule must have pre-filtered a group.

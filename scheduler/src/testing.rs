@@ -1,7 +1,28 @@
 //! Helpers for the logical rules' tests.
 
+use std::sync::Arc;
+
 use datafusion::arrow::util::pretty::pretty_format_batches;
+use datafusion::execution::SessionStateBuilder;
+use datafusion::optimizer::OptimizerRule;
 use datafusion::prelude::SessionContext;
+
+/// A session with DataFusion's rules, `rule` added after them when given, and the tables
+/// that `tables` (`CREATE TABLE` statements) make.
+pub(crate) async fn context(
+    rule: Option<Arc<dyn OptimizerRule + Send + Sync>>,
+    tables: &[&str],
+) -> SessionContext {
+    let mut state = SessionStateBuilder::new().with_default_features();
+    if let Some(rule) = rule {
+        state = state.with_optimizer_rule(rule);
+    }
+    let ctx = SessionContext::new_with_state(state.build());
+    for sql in tables {
+        ctx.sql(sql).await.unwrap().collect().await.unwrap();
+    }
+    ctx
+}
 
 /// The optimized plan of `sql` and its result's lines, sorted (none for no rows, so that an
 /// empty result compares equal however it is printed).

@@ -578,16 +578,11 @@ fn past_column_projections(plan: &LogicalPlan) -> &LogicalPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use datafusion::execution::SessionStateBuilder;
     use datafusion::prelude::SessionContext;
 
     async fn context(with_rule: bool) -> SessionContext {
-        let mut state = SessionStateBuilder::new().with_default_features();
-        if with_rule {
-            state = state.with_optimizer_rule(Arc::new(AggregateSubqueryAsWindow));
-        }
-        let ctx = SessionContext::new_with_state(state.build());
-        for sql in [
+        let rule = with_rule.then(|| Arc::new(AggregateSubqueryAsWindow) as _);
+        let tables = [
             // Line items: part key, quantity, price. NULL keys and quantities.
             "CREATE TABLE li (pk INT, q DECIMAL(10, 2), price DOUBLE) AS VALUES \
              (1, 1.0, 10.0), (1, 5.0, 11.0), (1, 9.0, 12.0), (2, 2.0, 20.0), (2, 4.0, 21.0), \
@@ -603,10 +598,8 @@ mod tests {
             "CREATE TABLE s (sk INT, nk INT, name VARCHAR) AS VALUES \
              (10, 100, 's10'), (11, 101, 's11'), (12, 100, 's12'), (13, NULL, 's13')",
             "CREATE TABLE n (nk INT, region VARCHAR) AS VALUES (100, 'EU'), (101, 'ASIA')",
-        ] {
-            ctx.sql(sql).await.unwrap().collect().await.unwrap();
-        }
-        ctx
+        ];
+        crate::testing::context(rule, &tables).await
     }
 
     use crate::testing::plan_and_rows as run;

@@ -578,12 +578,10 @@ pub fn balance(
     });
     let mut groups: Vec<(u64, Vec<FileScanTask>)> = (0..n).map(|_| (0, Vec::new())).collect();
     for piece in pieces {
-        let lightest = groups
-            .iter_mut()
-            .min_by_key(|(load, _)| *load)
-            .expect("at least one group");
-        lightest.0 += piece.length;
-        lightest.1.push(piece);
+        if let Some(lightest) = groups.iter_mut().min_by_key(|(load, _)| *load) {
+            lightest.0 += piece.length;
+            lightest.1.push(piece);
+        }
     }
     groups.into_iter().map(|(_, g)| join_adjacent(g)).collect()
 }
@@ -592,7 +590,9 @@ pub fn balance(
 /// file's record count is shared out by bytes (the ranges' counts add up to the file's).
 fn split_by_row_group(task: FileScanTask, offsets: &[i64]) -> Vec<FileScanTask> {
     let size = task.file_size_in_bytes;
-    let whole = task.start == 0 && task.length == size;
+    if task.start != 0 || task.length != size || !task.deletes.is_empty() {
+        return vec![task];
+    }
     let mut cuts: Vec<u64> = offsets
         .iter()
         .filter_map(|o| u64::try_from(*o).ok())
@@ -604,7 +604,7 @@ fn split_by_row_group(task: FileScanTask, offsets: &[i64]) -> Vec<FileScanTask> 
     if !cuts.is_empty() {
         cuts.remove(0);
     }
-    if !whole || !task.deletes.is_empty() || cuts.is_empty() {
+    if cuts.is_empty() {
         return vec![task];
     }
     let bounds: Vec<u64> = std::iter::once(0)
