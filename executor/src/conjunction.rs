@@ -22,7 +22,6 @@
 
 use std::any::Any;
 use std::fmt;
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, AsArray, BooleanArray};
@@ -150,8 +149,7 @@ fn project(expr: &Arc<dyn PhysicalExpr>, schema: &Schema) -> Result<Option<Proje
         })?
         .data;
     // Rebuilding the term made its decimal arithmetic plain again (see `crate::decimal`).
-    let projected =
-        crate::decimal::rewrite_expr(&projected, &schema.project(&columns)?, &mut false)?;
+    let projected = crate::fast::rewrite_expr(&projected, &schema.project(&columns)?, &mut false)?;
     Ok(Some(Projected {
         columns,
         expr: projected,
@@ -316,25 +314,7 @@ impl Conjunction {
     }
 }
 
-impl fmt::Display for Conjunction {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.original, f)
-    }
-}
-
-impl PartialEq for Conjunction {
-    fn eq(&self, other: &Self) -> bool {
-        self.original.as_ref() == other.original.as_ref()
-    }
-}
-
-impl Eq for Conjunction {}
-
-impl Hash for Conjunction {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.original.as_ref().hash(state);
-    }
-}
+crate::fast::shown_as_original!(Conjunction);
 
 impl PhysicalExpr for Conjunction {
     fn as_any(&self) -> &dyn Any {

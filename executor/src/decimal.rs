@@ -11,7 +11,6 @@
 
 use std::any::Any;
 use std::fmt;
-use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Decimal128Array, new_null_array};
@@ -20,27 +19,9 @@ use datafusion::arrow::datatypes::{ArrowNativeTypeOp, DataType, Decimal128Type, 
 use datafusion::arrow::error::ArrowError;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::ScalarValue;
-use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::error::Result;
 use datafusion::logical_expr::{ColumnarValue, Operator};
 use datafusion::physical_expr::{PhysicalExpr, expressions::BinaryExpr};
-
-/// `expr` with its decimal `+`, `-` and `*` as [`DecimalArithmetic`]; sets `changed` when
-/// one was rewritten.
-pub(crate) fn rewrite_expr(
-    expr: &Arc<dyn PhysicalExpr>,
-    schema: &Schema,
-    changed: &mut bool,
-) -> Result<Arc<dyn PhysicalExpr>> {
-    let t = Arc::clone(expr).transform_up(|e| {
-        Ok(match DecimalArithmetic::try_new(&e, schema)? {
-            Some(fast) => Transformed::yes(Arc::new(fast) as Arc<dyn PhysicalExpr>),
-            None => Transformed::no(e),
-        })
-    })?;
-    *changed |= t.transformed;
-    Ok(t.data)
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Op {
@@ -67,7 +48,7 @@ pub struct DecimalArithmetic {
 impl DecimalArithmetic {
     /// The fast form of `expr` when it is a decimal `+`, `-` or `*` whose result type arrow
     /// would compute the way DataFusion declares it; `None` otherwise.
-    fn try_new(expr: &Arc<dyn PhysicalExpr>, schema: &Schema) -> Result<Option<Self>> {
+    pub(crate) fn try_new(expr: &Arc<dyn PhysicalExpr>, schema: &Schema) -> Result<Option<Self>> {
         let Some(binary) = expr.as_any().downcast_ref::<BinaryExpr>() else {
             return Ok(None);
         };
@@ -306,25 +287,7 @@ fn pow10(exponent: i32) -> i128 {
     10i128.pow(exponent.unsigned_abs())
 }
 
-impl fmt::Display for DecimalArithmetic {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.original, f)
-    }
-}
-
-impl PartialEq for DecimalArithmetic {
-    fn eq(&self, other: &Self) -> bool {
-        self.original == other.original
-    }
-}
-
-impl Eq for DecimalArithmetic {}
-
-impl Hash for DecimalArithmetic {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.original.hash(state);
-    }
-}
+crate::fast::shown_as_original!(DecimalArithmetic);
 
 impl PhysicalExpr for DecimalArithmetic {
     fn as_any(&self) -> &dyn Any {
@@ -400,6 +363,7 @@ fn as_array(value: ColumnarValue) -> Result<(ArrayRef, bool)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fast::rewrite_expr;
     use datafusion::arrow::datatypes::Field;
     use datafusion::physical_expr::expressions::{Column, Literal};
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use datafusion::arrow::datatypes::Schema;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
 use datafusion::error::Result;
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_expr::aggregate::AggregateFunctionExpr;
 use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
@@ -14,11 +15,41 @@ use datafusion::physical_plan::projection::{ProjectionExec, ProjectionExpr};
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 
 use crate::conjunction::Conjunction;
+use crate::decimal::DecimalArithmetic;
+use crate::like::PiecewiseLike;
+
+/// `Display`, `PartialEq`, `Eq` and `Hash` of a faster expression by the expression it
+/// replaces (its `original` field): plans show and compare as they would without it.
+macro_rules! shown_as_original {
+    ($t:ty) => {
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                std::fmt::Display::fmt(&self.original, f)
+            }
+        }
+
+        impl PartialEq for $t {
+            fn eq(&self, other: &Self) -> bool {
+                self.original.as_ref() == other.original.as_ref()
+            }
+        }
+
+        impl Eq for $t {}
+
+        impl std::hash::Hash for $t {
+            fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+                self.original.as_ref().hash(state);
+            }
+        }
+    };
+}
 use crate::shared::SharedExec;
+pub(crate) use shown_as_original;
 
 /// Rewrites the decimal `+`, `-` and `*` in `plan`'s projections, filters and aggregate
-/// arguments into [`crate::decimal::DecimalArithmetic`], and a filter's `AND` of several terms into a
-/// [`Conjunction`]. A plan that cannot be rewritten is returned as it was: this only
+/// arguments into [`crate::decimal::DecimalArithmetic`], their `LIKE`s of several pieces
+/// (`'%a%b%'`) into [`crate::like::PiecewiseLike`], and a filter's `AND` of several terms
+/// into a [`Conjunction`]. A plan that cannot be rewritten is returned as it was: this only
 /// changes how fast the same values are computed.
 ///
 /// A [`SharedExec`]'s subtree is left alone: rebuilding it would give each reader a copy
@@ -35,6 +66,26 @@ pub fn fast_expressions(plan: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> 
         .unwrap_or(plan)
 }
 
+/// `expr` with its decimal `+`, `-` and `*` and its `LIKE`s of several pieces replaced by
+/// their faster forms; sets `changed` when one was.
+pub(crate) fn rewrite_expr(
+    expr: &Arc<dyn PhysicalExpr>,
+    schema: &Schema,
+    changed: &mut bool,
+) -> Result<Arc<dyn PhysicalExpr>> {
+    let t = Arc::clone(expr).transform_up(|e| {
+        if let Some(fast) = DecimalArithmetic::try_new(&e, schema)? {
+            return Ok(Transformed::yes(Arc::new(fast) as Arc<dyn PhysicalExpr>));
+        }
+        Ok(match PiecewiseLike::try_new(&e, schema)? {
+            Some(fast) => Transformed::yes(Arc::new(fast) as Arc<dyn PhysicalExpr>),
+            None => Transformed::no(e),
+        })
+    })?;
+    *changed |= t.transformed;
+    Ok(t.data)
+}
+
 /// `node` with its own expressions rewritten (its input, and so its input's types, stay).
 fn rewrite_node(node: Arc<dyn ExecutionPlan>) -> Result<Transformed<Arc<dyn ExecutionPlan>>> {
     let any = node.as_any();
@@ -43,7 +94,7 @@ fn rewrite_node(node: Arc<dyn ExecutionPlan>) -> Result<Transformed<Arc<dyn Exec
         let mut changed = false;
         let mut exprs = Vec::with_capacity(p.expr().len());
         for e in p.expr() {
-            let expr = crate::decimal::rewrite_expr(&e.expr, &schema, &mut changed)?;
+            let expr = rewrite_expr(&e.expr, &schema, &mut changed)?;
             exprs.push(ProjectionExpr::new(expr, e.alias.clone()));
         }
         if changed {
@@ -53,7 +104,7 @@ fn rewrite_node(node: Arc<dyn ExecutionPlan>) -> Result<Transformed<Arc<dyn Exec
     } else if let Some(f) = any.downcast_ref::<FilterExec>() {
         let mut changed = false;
         let schema = f.input().schema();
-        let mut predicate = crate::decimal::rewrite_expr(f.predicate(), &schema, &mut changed)?;
+        let mut predicate = rewrite_expr(f.predicate(), &schema, &mut changed)?;
         // A `Conjunction` hides its terms from the filter's equivalence properties (a
         // `column = literal` term makes the column constant); over ordered input, the
         // operators above could then choose other (slower) modes when rebuilt.
@@ -98,7 +149,7 @@ fn rewrite_aggregate(
     let args = agg
         .expressions()
         .iter()
-        .map(|e| crate::decimal::rewrite_expr(e, schema, &mut any))
+        .map(|e| rewrite_expr(e, schema, &mut any))
         .collect::<Result<Vec<_>>>()?;
     if !any {
         return Ok(Arc::clone(agg));

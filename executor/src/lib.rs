@@ -61,6 +61,7 @@ pub mod decimal;
 mod engine;
 mod fast;
 mod flight;
+mod like;
 pub mod shared;
 
 use std::path::{Path, PathBuf};
