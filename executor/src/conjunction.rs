@@ -148,7 +148,8 @@ fn project(expr: &Arc<dyn PhysicalExpr>, schema: &Schema) -> Result<Option<Proje
             })
         })?
         .data;
-    // Rebuilding the term made its decimal arithmetic plain again (see `crate::decimal`).
+    // Rebuilding the term made its faster expressions (decimal arithmetic, `LIKE`s of
+    // several pieces) plain again (see `crate::fast`).
     let projected = crate::fast::rewrite_expr(&projected, &schema.project(&columns)?, &mut false)?;
     Ok(Some(Projected {
         columns,

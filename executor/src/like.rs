@@ -96,9 +96,10 @@ impl PiecewiseLike {
         let Some(like) = expr.as_any().downcast_ref::<LikeExpr>() else {
             return Ok(None);
         };
+        let values = like.expr().data_type(schema)?;
         if like.case_insensitive()
             || !matches!(
-                like.expr().data_type(schema)?,
+                values,
                 DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
             )
         {
@@ -110,11 +111,12 @@ impl PiecewiseLike {
             .downcast_ref::<Literal>()
             .map(Literal::value)
         {
+            // Of the values' type, as the planner coerces it (arrow rejects other pairs).
             Some(
-                ScalarValue::Utf8(Some(p))
+                v @ (ScalarValue::Utf8(Some(p))
                 | ScalarValue::LargeUtf8(Some(p))
-                | ScalarValue::Utf8View(Some(p)),
-            ) => p,
+                | ScalarValue::Utf8View(Some(p))),
+            ) if v.data_type() == values => p,
             _ => return Ok(None),
         };
         let Some(pieces) = Pieces::parse(pattern) else {
@@ -330,6 +332,16 @@ mod tests {
         let by_column: Arc<dyn PhysicalExpr> =
             Arc::new(LikeExpr::new(false, false, Arc::clone(&column), column));
         rewrite_expr(&by_column, &schema, &mut changed).unwrap();
+        assert!(!changed);
+        // A pattern of another type than the values (arrow rejects it; so must we).
+        let other_type = lit(ScalarValue::Utf8(Some("%a%b%".into())));
+        let mismatched: Arc<dyn PhysicalExpr> = Arc::new(LikeExpr::new(
+            false,
+            false,
+            col("s", &schema).unwrap(),
+            other_type,
+        ));
+        rewrite_expr(&mismatched, &schema, &mut changed).unwrap();
         assert!(!changed);
         assert_eq!(DataType::Utf8View, *batch.column(0).data_type());
     }
