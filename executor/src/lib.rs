@@ -168,7 +168,16 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
     let _owned = match options.work_dir {
         Some(_) => None,
         None => {
-            let owned = OwnedWorkDir::claim(&work_dir)?;
+            // Waits out a cleanup by another executor: off the runtime's threads.
+            let path = work_dir.clone();
+            let owned = tokio::task::spawn_blocking(move || OwnedWorkDir::claim(&path))
+                .await
+                .map_err(|e| {
+                    BasinError::Invalid(format!(
+                        "executor work directory {}: {e}",
+                        work_dir.display()
+                    ))
+                })??;
             if let Some(parent) = work_dir.parent() {
                 let (parent, own) = (parent.to_path_buf(), work_dir.clone());
                 // Gigabytes may go: off the runtime's threads, not waited for.

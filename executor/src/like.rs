@@ -317,32 +317,26 @@ mod tests {
     fn other_likes_stay() {
         let batch = batch(Arc::new(StringViewArray::from(VALUES.to_vec())));
         let schema = batch.schema();
-        let pattern = lit(ScalarValue::Utf8View(Some("%a%b%".into())));
-        let ilike: Arc<dyn PhysicalExpr> = Arc::new(LikeExpr::new(
-            false,
-            true,
-            col("s", &schema).unwrap(),
-            pattern,
-        ));
-        let mut changed = false;
-        rewrite_expr(&ilike, &schema, &mut changed).unwrap();
-        assert!(!changed);
-        // A pattern that is not a literal.
         let column = col("s", &schema).unwrap();
-        let by_column: Arc<dyn PhysicalExpr> =
-            Arc::new(LikeExpr::new(false, false, Arc::clone(&column), column));
-        rewrite_expr(&by_column, &schema, &mut changed).unwrap();
-        assert!(!changed);
-        // A pattern of another type than the values (arrow rejects it; so must we).
-        let other_type = lit(ScalarValue::Utf8(Some("%a%b%".into())));
-        let mismatched: Arc<dyn PhysicalExpr> = Arc::new(LikeExpr::new(
-            false,
-            false,
-            col("s", &schema).unwrap(),
-            other_type,
-        ));
-        rewrite_expr(&mismatched, &schema, &mut changed).unwrap();
-        assert!(!changed);
+        let cases = [
+            // ILIKE.
+            (true, lit(ScalarValue::Utf8View(Some("%a%b%".into())))),
+            // A pattern that is not a literal.
+            (false, Arc::clone(&column)),
+            // A pattern of another type than the values (arrow rejects it; so must we).
+            (false, lit(ScalarValue::Utf8(Some("%a%b%".into())))),
+        ];
+        for (case_insensitive, pattern) in cases {
+            let like: Arc<dyn PhysicalExpr> = Arc::new(LikeExpr::new(
+                false,
+                case_insensitive,
+                Arc::clone(&column),
+                pattern,
+            ));
+            let mut changed = false;
+            rewrite_expr(&like, &schema, &mut changed).unwrap();
+            assert!(!changed, "{like}");
+        }
         assert_eq!(DataType::Utf8View, *batch.column(0).data_type());
     }
 }

@@ -291,7 +291,9 @@ impl BasinQueryPlanner {
         // scans are bounded by `single_node_max_bytes`, so the build sides fit in memory
         // (sort-merge joins, the cluster's default because they spill, were 2-7x slower
         // on TPC-H SF1 joins).
-        let (executor, running) = streamed::next_executor(executors);
+        let Some((executor, running)) = streamed::next_executor(executors) else {
+            return Ok(None);
+        };
         let mut one_node = state.clone();
         let options = one_node.config_mut().options_mut();
         options.execution.target_partitions = (executor.task_slots as usize).max(1);

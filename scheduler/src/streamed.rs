@@ -152,9 +152,9 @@ impl Placement {
         &mut self,
         executors: &'a [ExecutorInfo],
         turn: &AtomicUsize,
-    ) -> &'a ExecutorInfo {
+    ) -> Option<&'a ExecutorInfo> {
         let running = |e: &ExecutorInfo| self.running.get(&e.id).copied().unwrap_or(0);
-        let fewest = executors.iter().map(running).min().unwrap_or(0);
+        let fewest = executors.iter().map(running).min()?;
         let idle: Vec<&ExecutorInfo> = executors.iter().filter(|e| running(e) == fewest).collect();
         let last = self.last.as_deref();
         let chosen = match idle.iter().find(|e| last == Some(e.id.as_str())) {
@@ -163,7 +163,7 @@ impl Placement {
         };
         *self.running.entry(chosen.id.clone()).or_default() += 1;
         self.last = Some(chosen.id.clone());
-        chosen
+        Some(chosen)
     }
 
     fn finished(&mut self, executor: &str) {
@@ -181,13 +181,14 @@ impl Placement {
 /// query, whose memory is warm. (A fresh executor's first runs of a query are up to 2.7x
 /// slower, mostly the kernel clearing pages the allocator asks for, and the allocator keeps
 /// what the last queries freed. Taking turns gave each executor half the runs, so queries run
-/// one after another met cold executors twice as long.) Otherwise they take turns.
-pub(crate) fn next_executor(executors: &[ExecutorInfo]) -> (&ExecutorInfo, Arc<Running>) {
-    let chosen = placement().choose(executors, &NEXT_EXECUTOR);
+/// one after another met cold executors twice as long.) Otherwise they take turns. `None`
+/// without executors.
+pub(crate) fn next_executor(executors: &[ExecutorInfo]) -> Option<(&ExecutorInfo, Arc<Running>)> {
+    let chosen = placement().choose(executors, &NEXT_EXECUTOR)?;
     let running = Running {
         executor: chosen.id.clone(),
     };
-    (chosen, Arc::new(running))
+    Some((chosen, Arc::new(running)))
 }
 
 /// Wraps a whole plan (planned for `executor`'s cores) to run on `executor` as one streamed
@@ -659,7 +660,7 @@ mod tests {
             .collect();
         let turn = AtomicUsize::new(0);
         let mut placement = Placement::default();
-        let pick = |p: &mut Placement| p.choose(&executors, &turn).id.clone();
+        let pick = |p: &mut Placement| p.choose(&executors, &turn).unwrap().id.clone();
         // One after another: the same executor each time.
         let first = pick(&mut placement);
         placement.finished(&first);
