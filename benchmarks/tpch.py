@@ -203,6 +203,7 @@ class Basin:
                 self.names.append(f"executor-{i}")
         wait_port(flight, self.procs)
         import adbc_driver_flightsql.dbapi as fs
+        self.cursor = None
         self.conn = fs.connect(f"grpc://127.0.0.1:{flight}", autocommit=True)
         deadline = time.time() + 120
         while True:  # executors register asynchronously
@@ -216,19 +217,37 @@ class Basin:
         # Executors register within moments of each other; a fresh session after that sees
         # all their task slots (Basin before 2026-12-03 kept the slots a session saw first).
         time.sleep(1)
+        self.close_cursor()
         self.conn.close()
         self.conn = fs.connect(f"grpc://127.0.0.1:{flight}", autocommit=True)
 
     def query(self, sql):
-        with self.conn.cursor() as cur:
-            cur.execute(sql)
-            return cur.fetch_arrow_table()
+        # One cursor for all the queries of a connection, as an application keeps its
+        # statement handle: the ADBC driver spends ~2 ms of the client's CPU creating and
+        # closing a cursor, which the in-process peers never pay (benchmarks/README.md).
+        if self.cursor is None:
+            self.cursor = self.conn.cursor()
+        try:
+            self.cursor.execute(sql)
+            return self.cursor.fetch_arrow_table()
+        except Exception:
+            self.close_cursor()
+            raise
+
+    def close_cursor(self):
+        if self.cursor is not None:
+            try:
+                self.cursor.close()
+            except Exception:
+                pass
+            self.cursor = None
 
     def peak_rss(self):
         return {n: peak_rss_mb(p.pid) for n, (p, _) in zip(self.names, self.procs)}
 
     def stop(self):
         try:
+            self.close_cursor()
             self.conn.close()
         except Exception:
             pass
