@@ -10,7 +10,6 @@
 //! fit — same results, same result type, same overflow errors.
 
 use std::any::Any;
-use std::fmt;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, Decimal128Array, new_null_array};
@@ -334,21 +333,7 @@ impl PhysicalExpr for DecimalArithmetic {
         })
     }
 
-    fn children(&self) -> Vec<&Arc<dyn PhysicalExpr>> {
-        vec![self.original.left(), self.original.right()]
-    }
-
-    /// New children may have other types: the plain `BinaryExpr` is always right.
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn PhysicalExpr>>,
-    ) -> Result<Arc<dyn PhysicalExpr>> {
-        Arc::clone(&self.original).with_new_children(children)
-    }
-
-    fn fmt_sql(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.original.fmt_sql(f)
-    }
+    rebuilt_as_original!();
 
     planned_as_original!();
 }

@@ -17,6 +17,7 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use crate::conjunction::Conjunction;
 use crate::decimal::DecimalArithmetic;
 use crate::like::PiecewiseLike;
+use crate::shared::SharedExec;
 
 /// `Display`, `PartialEq`, `Eq` and `Hash` of a faster expression by the expression it
 /// replaces (its `original` field): plans show and compare as they would without it.
@@ -43,7 +44,6 @@ macro_rules! shown_as_original {
         }
     };
 }
-use crate::shared::SharedExec;
 pub(crate) use shown_as_original;
 
 /// Rewrites the decimal `+`, `-` and `*` in `plan`'s projections, filters and aggregate

@@ -56,6 +56,29 @@ macro_rules! planned_as_original {
     };
 }
 
+/// Inside `impl PhysicalExpr for X`, where `X` stands in for its `original` expression:
+/// its children are the original's, and new children make the plain original again (they
+/// may have other types than `X` was built for); its SQL is the original's.
+macro_rules! rebuilt_as_original {
+    () => {
+        fn children(&self) -> Vec<&std::sync::Arc<dyn datafusion::physical_expr::PhysicalExpr>> {
+            self.original.children()
+        }
+
+        fn with_new_children(
+            self: std::sync::Arc<Self>,
+            children: Vec<std::sync::Arc<dyn datafusion::physical_expr::PhysicalExpr>>,
+        ) -> datafusion::error::Result<std::sync::Arc<dyn datafusion::physical_expr::PhysicalExpr>>
+        {
+            std::sync::Arc::clone(&self.original).with_new_children(children)
+        }
+
+        fn fmt_sql(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            self.original.fmt_sql(f)
+        }
+    };
+}
+
 mod conjunction;
 pub mod decimal;
 mod engine;

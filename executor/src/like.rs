@@ -10,7 +10,6 @@
 //! escape (`\`), and `ILIKE`, stay with arrow.
 
 use std::any::Any;
-use std::fmt;
 use std::sync::Arc;
 
 use datafusion::arrow::array::{Array, ArrayRef, AsArray, BooleanArray};
@@ -191,21 +190,7 @@ impl PhysicalExpr for PiecewiseLike {
         })
     }
 
-    fn children(&self) -> Vec<&Arc<dyn PhysicalExpr>> {
-        self.original.children()
-    }
-
-    /// New children may be of other types: the plain `LIKE` is always right.
-    fn with_new_children(
-        self: Arc<Self>,
-        children: Vec<Arc<dyn PhysicalExpr>>,
-    ) -> Result<Arc<dyn PhysicalExpr>> {
-        Arc::clone(&self.original).with_new_children(children)
-    }
-
-    fn fmt_sql(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.original.fmt_sql(f)
-    }
+    rebuilt_as_original!();
 }
 
 #[cfg(test)]
