@@ -409,6 +409,18 @@ impl Builder {
     fn append_null(&mut self) {
         each_builder!(self, b => b.append_null())
     }
+
+    /// The length of every non-NULL PostgreSQL binary value this builder reads, when fixed.
+    fn pg_width(&self) -> i32 {
+        match self {
+            Self::Boolean(_) => 1,
+            Self::Int16(_) => 2,
+            Self::Int32(_) | Self::Float32(_) | Self::Date32(_) => 4,
+            Self::Int64(_) | Self::Float64(_) | Self::Timestamp(_) | Self::Time64(_) => 8,
+            Self::Interval(_) => 16,
+            _ => VARIABLE,
+        }
+    }
 }
 
 impl ArrayBuilder for Builder {
@@ -444,7 +456,16 @@ pub struct Columns {
     rows: usize,
     /// Rows per batch the builders are sized for.
     capacity: usize,
+    /// Per column, the byte length of every non-NULL value in PostgreSQL's binary format
+    /// (8 for an `int8`), or [`VARIABLE`] (text, `numeric`, arrays).
+    pg_widths: Vec<i32>,
+    /// Per column, where the current row's value starts and its length (-1: NULL): scratch
+    /// space of [`parse_rows`], kept to not allocate per batch.
+    spans: Vec<(usize, i32)>,
 }
+
+/// A value length PostgreSQL never sends (NULL is -1): the width of variable-length columns.
+const VARIABLE: i32 = -2;
 
 /// Bytes reserved per text or binary value before a batch has shown how long they are.
 const FIRST_VALUE_BYTES: usize = 16;
@@ -456,12 +477,16 @@ impl Columns {
             .fields()
             .iter()
             .map(|f| Builder::column(f.data_type(), capacity, capacity * FIRST_VALUE_BYTES))
-            .collect::<Result<_>>()?;
+            .collect::<Result<Vec<Builder>>>()?;
+        let pg_widths = builders.iter().map(Builder::pg_width).collect();
+        let spans = vec![(0, 0); builders.len()];
         Ok(Self {
             schema,
             builders,
             rows: 0,
             capacity,
+            pg_widths,
+            spans,
         })
     }
 
@@ -792,6 +817,40 @@ impl CopyParser {
     }
 }
 
+/// Where each value of the row at the start of `row` (after its field count) starts and
+/// its length, into `spans`; the row's length, or `None` when `row` ends before the row.
+#[inline]
+fn row_spans(row: &[u8], widths: &[i32], spans: &mut [(usize, i32)]) -> Option<usize> {
+    let mut at = 2;
+    for (span, &width) in spans.iter_mut().zip(widths) {
+        let len = i32::from_be_bytes(row.get(at..at + 4)?.try_into().ok()?);
+        *span = (at + 4, len);
+        at += 4;
+        if width != VARIABLE {
+            if len == width {
+                at += width as usize;
+            } else {
+                at += unexpected_width(len);
+            }
+        } else {
+            at += len.max(0) as usize;
+        }
+        if at > row.len() {
+            return None;
+        }
+    }
+    Some(at)
+}
+
+/// The bytes a value of a fixed-width column takes when not its width: NULL (-1) takes
+/// none; a wrong length (which the column's decoder rejects) its own. Out of line, so that
+/// the width test in [`row_spans`] stays a branch the processor predicts.
+#[cold]
+#[inline(never)]
+fn unexpected_width(len: i32) -> usize {
+    len.max(0) as usize
+}
+
 /// Decodes the complete rows of `buf` from `*pos` on (the stream's header first, once),
 /// stopping at an incomplete row, at the trailer (`done`), or when `columns` holds
 /// `max_rows`.
@@ -835,31 +894,19 @@ fn parse_rows(
                 format!("row has {fields} fields, expected {width}"),
             ));
         }
-        // Find the row's end first, so a row is decoded only when it is complete.
-        let mut at = 2;
-        for _ in 0..width {
-            let Some(len) = row.get(at..at + 4) else {
-                return Ok(());
-            };
-            let len = i32::from_be_bytes(be(len, "COPY field length")?);
-            at += 4 + len.max(0) as usize;
-            if at > row.len() {
-                return Ok(());
-            }
+        // Find where each value lies first, so a row is decoded only when it is complete.
+        // Each length says where the next one is, a chain of dependent loads: for a column
+        // of fixed width the next position is known before its length is read (checked
+        // after, off the chain), so only variable-length values wait on their length.
+        let Some(end) = row_spans(row, &columns.pg_widths, &mut columns.spans) else {
+            return Ok(());
+        };
+        // The positions are known: the values decode independently of each other.
+        for (builder, &(start, len)) in columns.builders.iter_mut().zip(&columns.spans) {
+            let value = (len >= 0).then(|| &row[start..start + len as usize]);
+            push_pg(builder, value)?;
         }
-        // The lengths were read above: this pass only decodes.
-        let mut at = *pos + 2;
-        for builder in columns.builders.iter_mut() {
-            let len = i32::from_be_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]);
-            at += 4;
-            if len < 0 {
-                push_pg(builder, None)?;
-            } else {
-                let end = at + len as usize;
-                push_pg(builder, Some(&buf[at..end]))?;
-                at = end;
-            }
-        }
+        let at = *pos + end;
         columns.end_row();
         *pos = at;
     }
