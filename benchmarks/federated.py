@@ -20,12 +20,15 @@ Steps:
    Engines: PostgreSQL alone (psql in one session, `\\timing`, results to /dev/null; for
    extract, `\\copy (SELECT * ...) TO /dev/null (FORMAT binary)` over one connection);
    DuckDB 1.5.5 with postgres_scanner loaded from the PyPI wheel, ATTACHed read-only as `pg`;
-   Basin: `basin scheduler` + N `basin executor` with a basin.toml holding [catalogs.pg].
+   Basin: `basin scheduler` + N `basin executor` processes with a basin.toml holding
+   [catalogs.pg]; basin-standalone: `basin standalone --executors N`, the same cluster in one
+   process; basin-jobs: the cluster with streamed stages off.
    Basin's and DuckDB's answers are checked against PostgreSQL's (run through
    postgres_query(), i.e. computed by PostgreSQL); extract is checked by row and column count.
-4. Paired rounds (--paired-rounds, default 5): the two acceptance ratios again, Basin
-   alternating with its peer round by round (extract vs DuckDB, agg vs PostgreSQL), the
-   peer first every other round; the median of the per-round ratios is the figure to quote.
+4. Paired rounds (--paired-rounds, default 5): the two acceptance ratios again, for basin and
+   basin-standalone, each alternating with its peer round by round (extract vs DuckDB, agg vs
+   PostgreSQL), the peer first every other round; the median of the per-round ratios is the
+   figure to quote.
 Writes federated-sfN.json and federated-sfN.md into --out and prints the table.
 """
 
@@ -51,9 +54,12 @@ import tpch  # noqa: E402  (generate, Basin, answer comparison)
 
 REPO = tpch.REPO
 TABLES = tpch.TABLES
-ENGINES = ["postgres", "basin", "basin-jobs", "duckdb"]
+ENGINES = ["postgres", "basin", "basin-standalone", "basin-jobs", "duckdb"]
 LABELS = {"postgres": "PostgreSQL alone", "basin": "Basin",
-          "basin-jobs": "Basin, every query a job", "duckdb": "DuckDB postgres_scanner"}
+          "basin-standalone": "Basin standalone", "basin-jobs": "Basin, every query a job",
+          "duckdb": "DuckDB postgres_scanner"}
+# The Basin deployments: (standalone, streamed stages).
+BASINS = {"basin": (False, True), "basin-standalone": (True, True), "basin-jobs": (False, False)}
 
 
 # ---------------------------------------------------------------- PostgreSQL
@@ -229,7 +235,7 @@ def check_rows(table, reference) -> str | None:
     return tpch.same_answer(tpch.rows_of(table), reference)
 
 
-def paired(basin, duck, pg, pg_url, meta, rounds, lineitem_rows, extract: bool) -> dict:
+def paired(basin_label, basin, duck, pg, pg_url, meta, rounds, lineitem_rows, extract: bool) -> dict:
     """The acceptance ratios measured in alternating rounds: Basin, then its peer, then the
     peer first in the next round, so both see the same machine (these 2 cores are shared,
     and measuring one engine minutes after the other moved a ratio by 25 %). Per pair: every
@@ -279,7 +285,7 @@ def paired(basin, duck, pg, pg_url, meta, rounds, lineitem_rows, extract: bool) 
                       "ratio_of_medians": statistics.median(times["basin"])
                       / statistics.median(times[peer]),
                       "ratio_of_best": min(times["basin"]) / min(times[peer])}
-            print(f"paired    {m:8} Basin/{peer} median of round ratios "
+            print(f"paired    {m:8} {basin_label}/{peer} median of round ratios "
                   f"{out[m]['ratio_median']:.2f} (rounds: "
                   + ", ".join(f"{r:.2f}" for r in ratios) + ")", flush=True)
     finally:
@@ -323,18 +329,20 @@ def report(out: pathlib.Path, sf, results, meta, order):
                   "(FORMAT binary)` from psql, one connection (no Arrow conversion)."]
     pr = meta.get("paired") or {}
     if pr:
-        lines += ["", f"Paired rounds ({meta.get('paired_rounds')} rounds alternating Basin with "
-                  "its peer, the peer first every other round): seconds per round, median of "
-                  "the per-round ratios.", "",
-                  "| measurement | peer | Basin | peer's | Basin/peer (median of rounds) "
-                  "| ratio of medians | ratio of best |", "|---|---|---|---|---:|---:|---:|"]
-        for m, v in pr.items():
-            fmt = lambda ts: " ".join(f"{t:.3f}" for t in ts)  # noqa: E731
-            lines.append(f"| {meta['descriptions'][m]} | {LABELS[v['peer']]} | "
-                         f"{fmt(v['times']['basin'])} | {fmt(v['times'][v['peer']])} | "
-                         f"**{v['ratio_median']:.2f}** | {v['ratio_of_medians']:.2f} | "
-                         f"{v['ratio_of_best']:.2f} |")
-    lines += ["", f"Basin: scheduler + {meta['executors']} executors, {meta.get('basin_binary')}; "
+        lines += ["", f"Paired rounds ({meta.get('paired_rounds')} rounds alternating a Basin "
+                  "deployment with its peer, the peer first every other round): seconds per "
+                  "round, median of the per-round ratios.", "",
+                  "| measurement | Basin | peer | Basin's | peer's | Basin/peer (median of rounds) "
+                  "| ratio of medians | ratio of best |", "|---|---|---|---|---|---:|---:|---:|"]
+        fmt = lambda ts: " ".join(f"{t:.3f}" for t in ts)  # noqa: E731
+        for label, measured in pr.items():
+            for m, v in measured.items():
+                lines.append(f"| {meta['descriptions'][m]} | {LABELS[label]} | {LABELS[v['peer']]} | "
+                             f"{fmt(v['times']['basin'])} | {fmt(v['times'][v['peer']])} | "
+                             f"**{v['ratio_median']:.2f}** | {v['ratio_of_medians']:.2f} | "
+                             f"{v['ratio_of_best']:.2f} |")
+    lines += ["", f"Basin: scheduler + {meta['executors']} executors (standalone: in one process), "
+              f"{meta.get('basin_binary')}; "
               f"DuckDB {meta.get('duckdb')} threads={meta.get('duckdb_threads')}; "
               "PostgreSQL load (s): " + (str(meta["load_seconds"]) if meta.get("load_seconds") is not None
                                            else "cached"),
@@ -470,13 +478,13 @@ def main():
 
         # basin-jobs: streamed stages off, every query a Ballista job (shuffle files, then
         # the result fetched from the executors) — the difference streaming makes.
-        for label in ("basin", "basin-jobs"):
+        for label, (standalone, streamed) in BASINS.items():
             if label not in engines:
                 continue
             workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"{label}-federated-"))
             config = basin_config(workdir / "basin.toml", pg_url, args.pg_option,
-                                  streamed=label == "basin")
-            basin = tpch.Basin(args.basin, workdir / "data", workdir, args.executors, False,
+                                  streamed=streamed)
+            basin = tpch.Basin(args.basin, workdir / "data", workdir, args.executors, standalone,
                                config=config)
             try:
                 basin_query_ready(basin, "SELECT count(*) FROM pg.public.region")
@@ -495,10 +503,11 @@ def main():
                         return arrow_result(m, table, stats)
                     record(m, label, run_basin)
                 peers = {"postgres"} | ({"duckdb"} if not args.skip_extract else set())
-                if label == "basin" and args.paired_rounds > 0 and peers <= set(engines):
+                if streamed and args.paired_rounds > 0 and peers <= set(engines):
                     try:
-                        meta["paired"] = paired(basin, duck, pg, pg_url, meta, args.paired_rounds,
-                                                lineitem_rows, not args.skip_extract)
+                        meta.setdefault("paired", {})[label] = paired(
+                            label, basin, duck, pg, pg_url, meta, args.paired_rounds,
+                            lineitem_rows, not args.skip_extract)
                         meta["paired_rounds"] = args.paired_rounds
                     except Exception as e:  # noqa: BLE001
                         failures_paired.append(f"paired rounds: {type(e).__name__}: {e}")

@@ -242,7 +242,7 @@ pub struct SqlSourceConfig {
     pub metadata_ttl_secs: Option<u64>,
     /// Table bytes per parallel read split (default 64 MiB).
     pub split_size_bytes: Option<u64>,
-    /// Most splits of one table scan (default: 4 per task slot of the cluster).
+    /// Most splits of one table scan (default: 2 per task slot of the cluster).
     pub max_splits: Option<usize>,
     /// Longest one remote statement may run on the source, in seconds (default: no limit):
     /// PostgreSQL `statement_timeout`, MariaDB `max_statement_time`, MySQL
