@@ -1058,21 +1058,10 @@ mod tests {
             Field::new("c0", DataType::Int32, true),
             Field::new("c1", DataType::Utf8, true),
         ]));
-        let mut stream = COPY_SIGNATURE.to_vec();
-        stream.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0]);
-        for (n, s) in [(1i32, Some("a")), (2, None)] {
-            stream.extend_from_slice(&2i16.to_be_bytes());
-            stream.extend_from_slice(&4i32.to_be_bytes());
-            stream.extend_from_slice(&n.to_be_bytes());
-            match s {
-                Some(s) => {
-                    stream.extend_from_slice(&(s.len() as i32).to_be_bytes());
-                    stream.extend_from_slice(s.as_bytes());
-                }
-                None => stream.extend_from_slice(&(-1i32).to_be_bytes()),
-            }
-        }
-        stream.extend_from_slice(&(-1i16).to_be_bytes());
+        let stream = copy_stream(&[
+            vec![Some(1i32.to_be_bytes().to_vec()), Some(b"a".to_vec())],
+            vec![Some(2i32.to_be_bytes().to_vec()), None],
+        ]);
         let mut parser = CopyParser::new();
         let mut columns = Columns::new(schema.clone(), 8).unwrap();
         for chunk in stream.chunks(3) {
@@ -1112,6 +1101,88 @@ mod tests {
             assert_eq!(ids, [1, 2], "chunks of {size}");
             assert!(batches[1].column(1).is_null(0), "chunks of {size}");
         }
+    }
+
+    /// A COPY stream of `rows`, each a list of values (`None`: NULL) in binary form.
+    fn copy_stream(rows: &[Vec<Option<Vec<u8>>>]) -> Vec<u8> {
+        let mut stream = COPY_SIGNATURE.to_vec();
+        stream.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0]);
+        for row in rows {
+            stream.extend_from_slice(&(row.len() as i16).to_be_bytes());
+            for value in row {
+                match value {
+                    Some(v) => {
+                        stream.extend_from_slice(&(v.len() as i32).to_be_bytes());
+                        stream.extend_from_slice(v);
+                    }
+                    None => stream.extend_from_slice(&(-1i32).to_be_bytes()),
+                }
+            }
+        }
+        stream.extend_from_slice(&(-1i16).to_be_bytes());
+        stream
+    }
+
+    #[test]
+    fn fixed_width_columns_take_nulls_and_reject_wrong_lengths() {
+        use datafusion::arrow::array::{Array, Date32Array, Int64Array};
+        use datafusion::arrow::datatypes::{Field, Schema};
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("name", DataType::Utf8, true),
+            Field::new("day", DataType::Date32, true),
+        ]));
+        let day = |d: i32| Some(d.to_be_bytes().to_vec());
+        let stream = copy_stream(&[
+            vec![
+                Some(7i64.to_be_bytes().to_vec()),
+                Some(b"x".to_vec()),
+                day(1),
+            ],
+            vec![None, None, None],
+            vec![
+                Some(9i64.to_be_bytes().to_vec()),
+                Some(b"".to_vec()),
+                day(-1),
+            ],
+        ]);
+        // Whole, and cut into chunks of every size: the same three rows.
+        for size in 1..=stream.len() {
+            let mut parser = CopyParser::new();
+            let mut columns = Columns::new(schema.clone(), 8).unwrap();
+            for chunk in stream.chunks(size) {
+                parser.feed(Bytes::copy_from_slice(chunk));
+                parser.parse(&mut columns, 100).unwrap();
+            }
+            assert!(parser.done, "chunks of {size}");
+            let batch = columns.finish().unwrap();
+            let ids = batch
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap();
+            assert_eq!(ids.iter().collect::<Vec<_>>(), [Some(7), None, Some(9)]);
+            let days = batch
+                .column(2)
+                .as_any()
+                .downcast_ref::<Date32Array>()
+                .unwrap();
+            let epoch = PG_EPOCH_DAYS;
+            assert_eq!(
+                days.iter().collect::<Vec<_>>(),
+                [Some(epoch + 1), None, Some(epoch - 1)],
+                "chunks of {size}"
+            );
+            assert_eq!(batch.column(1).null_count(), 1);
+        }
+        // A value of the wrong length in a fixed-width column is an error that names its
+        // type, not a misread of the values after it.
+        let bad = copy_stream(&[vec![Some(vec![0, 0, 0, 7]), None, day(1)]]);
+        let mut parser = CopyParser::new();
+        let mut columns = Columns::new(schema, 8).unwrap();
+        parser.feed(Bytes::from(bad));
+        let err = parser.parse(&mut columns, 100).unwrap_err().to_string();
+        assert!(err.contains("int8") && err.contains("4 bytes"), "{err}");
     }
 
     #[test]
