@@ -906,9 +906,8 @@ fn parse_rows(
             let value = (len >= 0).then(|| &row[start..start + len as usize]);
             push_pg(builder, value)?;
         }
-        let at = *pos + end;
         columns.end_row();
-        *pos = at;
+        *pos += end;
     }
     Ok(())
 }
