@@ -80,7 +80,11 @@ pub fn connect(
         .position(|rule| rule.name() == "join_selection")
         .map_or(physical_rules.len(), |at| at + 1);
     physical_rules.insert(after_join_selection, Arc::new(SmallerBuildSide));
-    let state = SessionStateBuilder::new_from_existing(state)
+    let mut builder = SessionStateBuilder::new_from_existing(state);
+    if let Some(optimizer) = builder.optimizer() {
+        crate::distinct::keep_distinct_types(&mut optimizer.rules);
+    }
+    let state = builder
         .with_physical_optimizer_rules(physical_rules)
         .with_query_planner(Arc::new(planner))
         .with_optimizer_rule(Arc::new(RemotePushdown))

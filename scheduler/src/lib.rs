@@ -11,6 +11,7 @@
 //! ```
 
 pub mod flight_sql;
+pub mod distinct;
 pub mod frontend;
 pub mod joins;
 pub mod limits;

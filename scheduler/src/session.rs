@@ -15,6 +15,7 @@ use datafusion::execution::context::QueryPlanner;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{SessionState, SessionStateBuilder};
 use datafusion::logical_expr::LogicalPlan;
+use datafusion::optimizer::Optimizer;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 use datafusion::prelude::SessionConfig;
@@ -55,8 +56,11 @@ pub fn config_producer() -> ConfigProducer {
 /// Builds scheduler sessions that share one runtime (object stores from `basin.toml`).
 pub fn session_builder(runtime: Arc<RuntimeEnv>) -> SessionBuilder {
     Arc::new(move |config: SessionConfig| {
-        Ok(SessionStateBuilder::new()
-            .with_default_features()
+        let mut rules = Optimizer::new().rules;
+        crate::distinct::keep_distinct_types(&mut rules);
+        let mut builder = SessionStateBuilder::new().with_default_features();
+        *builder.optimizer() = Some(Optimizer::with_rules(rules));
+        Ok(builder
             .with_config(config)
             .with_runtime_env(runtime.clone())
             .with_scalar_functions(ballista_scalar_functions())
