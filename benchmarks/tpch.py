@@ -25,28 +25,20 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import decimal
 import importlib.util
-import json
-import math
 import os
 import pathlib
-import platform
-import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+from harness import (REPO, Basin, bytes_planned, machine, report, rows_of,
+                     same_answer, sf_name, source_codec, timed)
+
 TABLES = ["nation", "region", "part", "supplier", "partsupp", "customer", "orders", "lineitem"]
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def sf_name(sf: float) -> str:
-    return ("sf" + f"{sf:g}").replace(".", "_")
 
 
 # ---------------------------------------------------------------- data and reference
@@ -89,185 +81,6 @@ def duckdb_connect(files, threads=None):
 def queries(con) -> list[tuple[int, str]]:
     rows = con.execute("SELECT query_nr, query FROM tpch_queries() ORDER BY query_nr").fetchall()
     return [(int(n), q.strip().rstrip(";")) for n, q in rows]
-
-
-# ---------------------------------------------------------------- answers
-
-
-def norm(v):
-    if isinstance(v, decimal.Decimal):
-        return float(v)
-    if isinstance(v, datetime.datetime):
-        return v.replace(tzinfo=None).isoformat()
-    if isinstance(v, datetime.date):
-        return v.isoformat()
-    if isinstance(v, str):
-        return v.rstrip()
-    return v
-
-
-def rows_of(table) -> list[tuple]:
-    return [tuple(norm(v) for v in row.values()) for row in table.to_pylist()]
-
-
-def same_value(a, b) -> bool:
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        if a is None or b is None:
-            return a is b
-        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-2)
-    return a == b
-
-
-def same_answer(got: list[tuple], want: list[tuple]) -> str | None:
-    if len(got) != len(want):
-        return f"{len(got)} rows, expected {len(want)}"
-    key = lambda r: tuple((x is None, str(x) if not isinstance(x, (int, float)) else round(x, 1)) for x in r)
-    for g, w in zip(sorted(got, key=key), sorted(want, key=key)):
-        if len(g) != len(w) or not all(same_value(a, b) for a, b in zip(g, w)):
-            return f"row {g} differs from {w}"
-    return None
-
-
-# ---------------------------------------------------------------- engines
-
-
-def timed(run, runs: int):
-    """One warm-up, then `runs` timed runs: (times, last result)."""
-    result = run()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        result = run()
-        times.append(time.perf_counter() - start)
-    return times, result
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port, procs, timeout=120):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        for p, log in procs:
-            if p.poll() is not None:
-                sys.exit(f"{p.args[:2]} exited:\n{pathlib.Path(log).read_text()[-3000:]}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    sys.exit(f"nothing listens on {port}")
-
-
-def peak_rss_mb(pid) -> float | None:
-    try:
-        for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
-class Basin:
-    """A Basin deployment reached over Flight SQL."""
-
-    def __init__(self, binary, data_dir, workdir, executors, standalone, config=None):
-        """`config`: an optional basin.toml passed to every process with `--config`."""
-        self.procs = []
-        self.workdir = workdir
-        env = dict(os.environ)
-        env.setdefault("BASIN_LOG", "warn")  # BASIN_LOG=debug python3 ... to see more
-        flight = free_port()
-        def spawn(name, *args):
-            log = workdir / f"{name}.log"
-            extra = ["--config", str(config)] if config else []
-            p = subprocess.Popen([binary, *args, "--data-dir", str(data_dir), *extra], env=env,
-                                 stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL)
-            self.procs.append((p, str(log)))
-            return p
-        if standalone:
-            self.names = ["standalone"]
-            spawn("standalone", "standalone", "--executors", str(executors),
-                  "--flight-sql-port", str(flight))
-        else:
-            sched = free_port()
-            spawn("scheduler", "scheduler", "--port", str(sched), "--flight-sql-port", str(flight))
-            wait_port(sched, self.procs)
-            self.names = ["scheduler"]
-            for i in range(executors):
-                spawn(f"executor-{i}", "executor", "--scheduler", f"127.0.0.1:{sched}")
-                self.names.append(f"executor-{i}")
-        wait_port(flight, self.procs)
-        import adbc_driver_flightsql.dbapi as fs
-        self.cursor = None
-        self.conn = fs.connect(f"grpc://127.0.0.1:{flight}", autocommit=True)
-        deadline = time.time() + 120
-        while True:  # executors register asynchronously
-            try:
-                self.query("SELECT count(*) FROM tpch.tiny.region")
-                break
-            except Exception:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.5)
-        # Executors register within moments of each other; a fresh session after that sees
-        # all their task slots (Basin before 2026-12-03 kept the slots a session saw first).
-        time.sleep(1)
-        self.close_cursor()
-        self.conn.close()
-        self.conn = fs.connect(f"grpc://127.0.0.1:{flight}", autocommit=True)
-
-    def query(self, sql):
-        # One cursor for all the queries of a connection, as an application keeps its
-        # statement handle: the ADBC driver spends ~2 ms of the client's CPU creating and
-        # closing a cursor, which the in-process peers never pay (benchmarks/README.md).
-        if self.cursor is None:
-            self.cursor = self.conn.cursor()
-        try:
-            self.cursor.execute(sql)
-            return self.cursor.fetch_arrow_table()
-        except Exception:
-            self.close_cursor()
-            raise
-
-    def close_cursor(self):
-        if self.cursor is not None:
-            try:
-                self.cursor.close()
-            except Exception:
-                pass
-            self.cursor = None
-
-    def peak_rss(self):
-        return {n: peak_rss_mb(p.pid) for n, (p, _) in zip(self.names, self.procs)}
-
-    def stop(self):
-        try:
-            self.close_cursor()
-            self.conn.close()
-        except Exception:
-            pass
-        for p, _ in self.procs:
-            p.terminate()
-        for p, _ in self.procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-
-
-def source_codec(files) -> str:
-    """The compression codec of the tpchgen files (lower case, as Iceberg names it)."""
-    import pyarrow.parquet as pq
-    codecs = {pq.ParquetFile(f).metadata.row_group(0).column(0).compression.lower()
-              for f in files.values()}
-    if len(codecs) != 1:
-        sys.exit(f"the tpchgen files use several codecs ({sorted(codecs)}); regenerate them")
-    return codecs.pop()
 
 
 def sql_type(t) -> str:
@@ -315,15 +128,6 @@ def load_iceberg(basin: Basin, files, schema: str, codec: str):
     return time.perf_counter() - start
 
 
-def bytes_planned(basin: Basin, sql: str) -> int | None:
-    try:
-        plan = basin.query("EXPLAIN " + sql)
-    except Exception:
-        return None
-    text = " ".join(str(v) for v in plan.column(plan.num_columns - 1).to_pylist())
-    return sum(int(b) for b in re.findall(r"IcebergScanExec:[^\n]*?bytes=(\d+)", text)) or None
-
-
 def run_basin(label, basin, qs, reference, runs, schema, results, setup=()):
     basin.query(f"USE lake.{schema}")
     for statement in setup:
@@ -341,56 +145,6 @@ def run_basin(label, basin, qs, reference, runs, schema, results, setup=()):
 
 
 # ---------------------------------------------------------------- report
-
-
-def report(out: pathlib.Path, sf, engines, results, meta):
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"tpch-{sf_name(sf)}"
-    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "results": results}, indent=1,
-                                                    default=str))
-    lines = [f"TPC-H SF {sf:g}: seconds (best of {meta['runs']} after a warm-up; median in the "
-             "JSON); ratio = engine / DuckDB. All answers checked against DuckDB's.", "",
-             "| query | " + " | ".join(engines) + " | " + " | ".join(f"{e}/DuckDB" for e in engines if e != "duckdb") + " |",
-             "|---|" + "---:|" * (len(engines) * 2 - 1)]
-    totals = {e: 0.0 for e in engines}
-    for n in sorted(results):
-        r = results[n]
-        cells = []
-        for e in engines:
-            v = r.get(e)
-            cells.append("—" if v is None else f"{v['min']:.3f}" + ("" if v["valid"] else " ✗"))
-            if v:
-                totals[e] += v["min"]
-        ratios = [f"{r[e]['min'] / r['duckdb']['min']:.2f}" if r.get(e) and r.get("duckdb") else "—"
-                  for e in engines if e != "duckdb"]
-        lines.append(f"| Q{n:02d} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
-    lines.append("| **sum** | " + " | ".join(f"**{totals[e]:.2f}**" for e in engines) + " | " +
-                 " | ".join(f"**{totals[e] / totals['duckdb']:.2f}**" if totals.get('duckdb') else "—"
-                            for e in engines if e != "duckdb") + " |")
-    lines += ["", f"Peak RSS (MB): {json.dumps(meta.get('peak_rss_mb', {}))}",
-              f"Iceberg load (CREATE TABLE and INSERT of the 8 tables, s): {meta.get('load_seconds')}, "
-              f"codec {meta.get('iceberg_codec')} (the tpchgen files')",
-              f"Machine: {meta['machine']}"]
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        qn = sorted(results)
-        fig, ax = plt.subplots(figsize=(14, 5))
-        width = 0.8 / len(engines)
-        for i, e in enumerate(engines):
-            ax.bar([q + i * width for q in qn], [results[q].get(e, {}).get("min", 0) for q in qn],
-                   width, label=e)
-        ax.set_xticks([q + 0.4 - width / 2 for q in qn], [f"Q{q}" for q in qn])
-        ax.set_ylabel("seconds (best run)")
-        ax.set_title(f"TPC-H SF {sf:g}, {meta['machine']}")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(stem.with_suffix(".png"), dpi=100)
-    except ImportError:
-        print("matplotlib missing: no chart (pip install matplotlib)")
-    print("\n".join(lines))
 
 
 def main():
@@ -422,8 +176,7 @@ def main():
     results: dict[int, dict] = {}
     meta = {"sf": args.sf, "runs": args.runs, "executors": args.executors,
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": f"{os.cpu_count()} cores, {platform.machine()}, "
-                       f"{round(os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30)} GiB",
+            "machine": machine(),
             "peak_rss_mb": {}}
     failures = []
     if "duckdb" in engines:
@@ -479,7 +232,10 @@ def main():
             if not v.get("valid", True):
                 failures.append(f"{e} q{n:02d}: {v.get('error')}")
     missing = [f"{e} q{n:02d}" for n, _ in qs for e in engines if e not in results.get(n, {})]
-    report(pathlib.Path(args.out), args.sf, engines, results, meta)
+    report(pathlib.Path(args.out) / f"tpch-{sf_name(args.sf)}", f"TPC-H SF {args.sf:g}", engines,
+           results, meta,
+           [f"Iceberg load (CREATE TABLE and INSERT of the 8 tables, s): {meta.get('load_seconds')}, "
+            f"codec {meta.get('iceberg_codec')} (the tpchgen files')"])
     if failures or missing:
         print("FAILED:", *failures, *(f"{m}: no result" for m in missing), sep="\n  ")
         sys.exit(1)
