@@ -19,9 +19,13 @@ pub async fn run_sql(
     sql: &str,
     on_result: &mut (dyn FnMut(StatementResult) -> Result<()> + Send),
 ) -> Result<()> {
-    if basin_scheduler::frontend::try_use_statement(ctx, sql)
-        .transpose()?
-        .is_some()
+    // A lone `USE` (which sqlparser may not parse for every name DataFusion takes); a `USE`
+    // followed by other statements is split below like any other script.
+    let lone = !sql.trim().trim_end_matches(';').contains(';');
+    if lone
+        && basin_scheduler::frontend::try_use_statement(ctx, sql)
+            .transpose()?
+            .is_some()
     {
         return Ok(());
     }

@@ -443,3 +443,33 @@ fn unreachable_rest_catalog_is_a_clear_error() {
     assert!(!e.contains("topsecret"), "{e}");
     let _ = std::fs::remove_dir_all(&data);
 }
+
+#[test]
+fn a_union_of_columns_from_different_tables_joins_a_dimension() {
+    // TPC-DS Q71's shape: the same measure from three tables (different field ids), under one
+    // alias, joined with a dimension; the physical planner once refused the plan because the
+    // union's columns carried the first table's field id only physically. A script that
+    // starts with `USE` runs its other statements too.
+    let data = scratch_dir("lake-union");
+    ok(
+        &data,
+        "CREATE SCHEMA lake.u; \
+         CREATE TABLE lake.u.web (item BIGINT, price DECIMAL(7,2)); \
+         CREATE TABLE lake.u.store (note VARCHAR, item BIGINT, price DECIMAL(7,2)); \
+         CREATE TABLE lake.u.item (id BIGINT, brand VARCHAR); \
+         INSERT INTO lake.u.web VALUES (1, 1.50), (2, 2.25); \
+         INSERT INTO lake.u.store VALUES ('x', 1, 10.00), ('y', 3, 4.00); \
+         INSERT INTO lake.u.item VALUES (1, 'a'), (2, 'b'), (3, 'c')",
+    );
+    assert_eq!(
+        ok(
+            &data,
+            "USE lake.u; \
+             SELECT brand, sum(ext_price) AS total \
+             FROM item, (SELECT price AS ext_price, item AS sold_item FROM web \
+                         UNION ALL SELECT price AS ext_price, item AS sold_item FROM store) s \
+             WHERE sold_item = id GROUP BY brand ORDER BY brand",
+        ),
+        "brand,total\na,11.50\nb,2.25\nc,4.00\n"
+    );
+}

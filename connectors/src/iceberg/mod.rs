@@ -36,6 +36,27 @@ pub use write::{
     WriteSpec,
 };
 
+/// The Arrow schema a query sees of an Iceberg schema converted by iceberg-rust: strings as
+/// views (crate::views), and no `PARQUET:field_id` metadata on the columns. Field ids are the
+/// files' business (readers and writers map columns by them on their own); left on a table's
+/// columns they made plans inconsistent: a `UNION ALL` of columns from different tables
+/// (TPC-DS Q71's three sales channels) has no field id logically, where DataFusion's physical
+/// union keeps the first input's, and the physical planner refused the plan.
+pub(crate) fn query_schema(
+    arrow: &datafusion::arrow::datatypes::Schema,
+) -> datafusion::arrow::datatypes::Schema {
+    let fields: Vec<datafusion::arrow::datatypes::Field> = crate::views::read_schema(arrow)
+        .fields()
+        .iter()
+        .map(|f| {
+            let mut metadata = f.metadata().clone();
+            metadata.remove(datafusion::parquet::arrow::PARQUET_FIELD_ID_META_KEY);
+            f.as_ref().clone().with_metadata(metadata)
+        })
+        .collect();
+    datafusion::arrow::datatypes::Schema::new_with_metadata(fields, arrow.metadata().clone())
+}
+
 /// A table identifier (so front ends need not depend on iceberg-rust).
 pub fn table_ident(namespace: ::iceberg::NamespaceIdent, name: String) -> ::iceberg::TableIdent {
     ::iceberg::TableIdent::new(namespace, name)

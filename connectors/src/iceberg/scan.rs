@@ -112,7 +112,7 @@ impl IcebergScanExec {
             .map_err(|e| DataFusionError::Internal(format!("bad Iceberg schema in plan: {e}")))?;
         let full = schema_to_arrow_schema(&iceberg_schema)
             .map_err(|e| DataFusionError::Plan(error_text(&e)))?;
-        let full = crate::views::read_schema(&full);
+        let full = super::query_schema(&full);
         let indices = spec
             .output_fields
             .iter()

@@ -242,7 +242,7 @@ impl IcebergTableSpec {
             ))
         })?;
         // Strings are read as views (crate::views).
-        Ok(Arc::new(crate::views::read_schema(&arrow)))
+        Ok(Arc::new(super::query_schema(&arrow)))
     }
 }
 
