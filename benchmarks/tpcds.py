@@ -48,7 +48,7 @@ import time
 
 from harness import (REPO, Basin, ClusterError, QueryFailed, Worker, bytes_planned,
                      datafusion_session, guarded, machine, one_line, peak_rss_mb, report,
-                     reset_peak_rss, rows_of, same_value, sf_name, source_codec, timed,
+                     reset_peak_rss, rows_of, rss_mb, same_value, sf_name, source_codec, timed,
                      unmatched)
 
 TABLES = [
@@ -359,8 +359,11 @@ def run_basin(label, dep: Deployment, qs, check_answer, args, results):
             continue
         for pid in b.pids().values():
             reset_peak_rss(pid)
+        # What each process held before (the allocator keeps freed memory), as the peak
+        # during the query is at least that.
+        before = {name: rss_mb(pid) for name, pid in b.pids().items()}
         logs = b.log_sizes()
-        entry = {"min": None, "valid": False}
+        entry = {"min": None, "valid": False, "rss_before_mb": before}
         try:
             times, table = timed(lambda: guarded(lambda: b.query(sql), b.pids, timeout, limit),
                                  args.runs)
@@ -371,12 +374,11 @@ def run_basin(label, dep: Deployment, qs, check_answer, args, results):
         except QueryFailed as e:
             entry.update(status=e.status, error=e.text)
         except Exception as e:  # noqa: BLE001 - the query's error, reported
-            gone = b.exited()
+            time.sleep(0.3)  # a process that died as the query failed is reaped a moment later
+            gone, panics, text = b.exited(), b.panics(logs), one_line(e)
             entry.update(status="crash" if gone else "error",
-                         error="; ".join([*gone, *b.panics(logs)]) if gone else one_line(e))
-            panics = b.panics(logs)
-            if panics and not gone:
-                entry["error"] = "; ".join(panics) + " (client saw: " + entry["error"] + ")"
+                         error="; ".join([*gone, *panics, f"client saw: {text}"])
+                         if gone or panics else text)
         entry["peak_rss_mb"] = {name: peak_rss_mb(pid) for name, pid in b.pids().items()}
         if entry["status"] == "ok" and not args.check_only:
             entry["bytes_planned"] = bytes_planned(b, sql)
@@ -387,7 +389,7 @@ def run_basin(label, dep: Deployment, qs, check_answer, args, results):
         if entry["status"] in ("timeout", "memory", "crash") or b.exited():
             try:
                 dep.restart()
-            except (ClusterError, Exception) as e:  # noqa: BLE001
+            except (ClusterError, Exception) as e:  # noqa: BLE001 - ClusterError is a SystemExit
                 print(f"{label}: could not start again: {one_line(e)}", flush=True)
                 dep.basin = None
 
