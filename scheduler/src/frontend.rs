@@ -15,6 +15,7 @@ use async_trait::async_trait;
 use ballista_core::extension::{SessionConfigExt, SessionStateExt};
 use ballista_core::planner::BallistaQueryPlanner;
 use basin_connectors::catalogs::{register_catalogs, register_functions, runtime_env};
+use basin_connectors::codec::portable_names;
 use basin_connectors::iceberg::{
     IcebergAlterTable, IcebergCommitExec, IcebergCreateTable, IcebergDdl, IcebergDdlExec,
     IcebergTableProvider, IcebergWriteNode, WriteSpec,
@@ -256,6 +257,7 @@ impl BasinQueryPlanner {
                 let write = LogicalPlan::Extension(Extension {
                     node: Arc::new(node),
                 });
+                let write = portable_names(write)?;
                 let job = self.distributed.create_physical_plan(&write, state).await?;
                 Ok(Some(Arc::new(IcebergCommitExec::new(
                     catalog,
@@ -416,7 +418,8 @@ impl QueryPlanner for BasinQueryPlanner {
         } else if let Some(plan) = self.explain_streamed(logical_plan, session_state).await? {
             Ok(plan)
         } else {
-            let plan = crate::prefilter::without_prefilters(logical_plan)?;
+            // Awkward table names survive the trip to the scheduler (see `portable_names`).
+            let plan = portable_names(crate::prefilter::without_prefilters(logical_plan)?)?;
             self.distributed
                 .create_physical_plan(&plan, session_state)
                 .await
