@@ -13,20 +13,54 @@
 //! Only aggregates are shared: their output (one row per group) is held until every reader
 //! has it, and is no larger than the hash table the aggregate built anyway. A plan with a
 //! dynamic filter (a hash join's bounds, pushed into a scan at run time) is never shared:
-//! two identical-looking scans may be filtered by different joins.
+//! two identical-looking scans may be filtered by different joins. Nor is one that evaluates
+//! a volatile expression anywhere in its subtree (`random()`, `uuid()`, a volatile UDF): two
+//! copies of it are two different results (see [`same_rows_every_time`]).
 
 use std::any::Any;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
+use basin_connectors::iceberg::IcebergScanExec;
+use basin_connectors::remote::RemoteScanExec;
+use basin_connectors::tpch::TpchScanExec;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::{Transformed, TreeNode, TreeNodeRecursion};
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::datasource::physical_plan::FileScanConfig;
+use datafusion::datasource::source::DataSourceExec;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
+use datafusion::logical_expr::Volatility;
+use datafusion::physical_expr::window::{
+    PlainAggregateWindowExpr, SlidingAggregateWindowExpr, StandardWindowExpr, WindowExpr,
+};
+use datafusion::physical_expr::{LexOrdering, PhysicalExpr, PhysicalExprRef};
+use datafusion::physical_expr_common::physical_expr::is_volatile;
+use datafusion::physical_plan::Partitioning;
 use datafusion::physical_plan::aggregates::{AggregateExec, AggregateMode};
+use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::coop::CooperativeExec;
+use datafusion::physical_plan::empty::EmptyExec;
+use datafusion::physical_plan::filter::FilterExec;
+use datafusion::physical_plan::joins::utils::JoinFilter;
+use datafusion::physical_plan::joins::{
+    CrossJoinExec, HashJoinExec, NestedLoopJoinExec, SortMergeJoinExec, SymmetricHashJoinExec,
+};
+use datafusion::physical_plan::limit::{GlobalLimitExec, LocalLimitExec};
+use datafusion::physical_plan::memory::LazyMemoryExec;
+use datafusion::physical_plan::placeholder_row::PlaceholderRowExec;
+use datafusion::physical_plan::projection::ProjectionExec;
+use datafusion::physical_plan::repartition::RepartitionExec;
+use datafusion::physical_plan::sorts::partial_sort::PartialSortExec;
+use datafusion::physical_plan::sorts::sort::SortExec;
+use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::union::{InterleaveExec, UnionExec};
+use datafusion::physical_plan::unnest::UnnestExec;
+use datafusion::physical_plan::windows::{BoundedWindowAggExec, WindowAggExec, WindowUDFExpr};
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties, SendableRecordBatchStream,
     displayable,
@@ -129,6 +163,9 @@ fn shareable(node: &Arc<dyn ExecutionPlan>, codec: &dyn PhysicalExtensionCodec) 
     {
         return None;
     }
+    if !same_rows_every_time(node) {
+        return None;
+    }
     let mut bytes = vec![];
     let encoded = PhysicalPlanNode::try_from_physical_plan(node.clone(), codec)
         .and_then(|encoded| encoded.try_encode(&mut bytes));
@@ -139,6 +176,162 @@ fn shareable(node: &Arc<dyn ExecutionPlan>, codec: &dyn PhysicalExtensionCodec) 
             None
         }
     }
+}
+
+/// Whether every run of `plan` gives the same rows: no node of its subtree evaluates a
+/// volatile expression (`random()`, `uuid()`, a scalar, aggregate or window function
+/// declared [`Volatility::Volatile`]), and every node is one whose expressions are known
+/// here. Two copies of `SELECT max(random()) FROM t` are two different values: sharing them
+/// would make `(SELECT max(random()) FROM t) = (SELECT max(random()) FROM t)` true. Stable
+/// functions (`now()`) have one value per query and may be shared. An unknown node (a new
+/// DataFusion node, an async function) is never shared.
+fn same_rows_every_time(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    let mut same = true;
+    let _ = plan.apply(|node| {
+        same = match node_expressions(node.as_ref()) {
+            Some(exprs) => !exprs.iter().any(is_volatile),
+            None => false,
+        };
+        Ok(if same {
+            TreeNodeRecursion::Continue
+        } else {
+            TreeNodeRecursion::Stop
+        })
+    });
+    same
+}
+
+fn volatile_function(volatility: Volatility) -> bool {
+    volatility == Volatility::Volatile
+}
+
+/// The expressions `node` evaluates (not those of its children), or `None` when it is a
+/// node not known here or calls a volatile aggregate or window function.
+fn node_expressions(node: &dyn ExecutionPlan) -> Option<Vec<Arc<dyn PhysicalExpr>>> {
+    let any = node.as_any();
+    let sorted = |ordering: &LexOrdering| ordering.iter().map(|s| Arc::clone(&s.expr)).collect();
+    if let Some(p) = any.downcast_ref::<ProjectionExec>() {
+        return Some(p.expr().iter().map(|e| Arc::clone(&e.expr)).collect());
+    }
+    if let Some(f) = any.downcast_ref::<FilterExec>() {
+        return Some(vec![Arc::clone(f.predicate())]);
+    }
+    if let Some(a) = any.downcast_ref::<AggregateExec>() {
+        let mut exprs: Vec<_> = a
+            .group_expr()
+            .expr()
+            .iter()
+            .map(|(e, _)| Arc::clone(e))
+            .collect();
+        exprs.extend(a.filter_expr().iter().flatten().cloned());
+        for f in a.aggr_expr() {
+            if volatile_function(f.fun().signature().volatility) {
+                return None;
+            }
+            exprs.extend(f.expressions());
+            exprs.extend(f.order_bys().iter().map(|s| Arc::clone(&s.expr)));
+        }
+        return Some(exprs);
+    }
+    if let Some(w) = any.downcast_ref::<BoundedWindowAggExec>() {
+        return window_expressions(w.window_expr());
+    }
+    if let Some(w) = any.downcast_ref::<WindowAggExec>() {
+        return window_expressions(w.window_expr());
+    }
+    let join = |on: &[(PhysicalExprRef, PhysicalExprRef)], filter: Option<&JoinFilter>| {
+        let mut exprs: Vec<_> = on
+            .iter()
+            .flat_map(|(l, r)| [Arc::clone(l), Arc::clone(r)])
+            .collect();
+        exprs.extend(filter.map(|f| Arc::clone(f.expression())));
+        exprs
+    };
+    if let Some(j) = any.downcast_ref::<HashJoinExec>() {
+        return Some(join(j.on(), j.filter()));
+    }
+    if let Some(j) = any.downcast_ref::<SortMergeJoinExec>() {
+        return Some(join(j.on(), j.filter().as_ref()));
+    }
+    if let Some(j) = any.downcast_ref::<SymmetricHashJoinExec>() {
+        return Some(join(j.on(), j.filter()));
+    }
+    if let Some(j) = any.downcast_ref::<NestedLoopJoinExec>() {
+        return Some(join(&[], j.filter()));
+    }
+    if let Some(s) = any.downcast_ref::<SortExec>() {
+        return Some(sorted(s.expr()));
+    }
+    if let Some(s) = any.downcast_ref::<PartialSortExec>() {
+        return Some(sorted(s.expr()));
+    }
+    if let Some(s) = any.downcast_ref::<SortPreservingMergeExec>() {
+        return Some(sorted(s.expr()));
+    }
+    if let Some(r) = any.downcast_ref::<RepartitionExec>() {
+        return Some(match r.partitioning() {
+            Partitioning::Hash(exprs, _) => exprs.clone(),
+            _ => vec![],
+        });
+    }
+    if let Some(scan) = any.downcast_ref::<DataSourceExec>() {
+        let source = scan.data_source().as_any();
+        if source.is::<MemorySourceConfig>() {
+            return Some(vec![]);
+        }
+        let config = source.downcast_ref::<FileScanConfig>()?;
+        let file = config.file_source();
+        let mut exprs: Vec<_> = file.filter().into_iter().collect();
+        if let Some(projection) = file.projection() {
+            exprs.extend(projection.iter().map(|p| Arc::clone(&p.expr)));
+        }
+        return Some(exprs);
+    }
+    // Nodes that evaluate no expression of their own. Basin's scans read what their spec
+    // names: Iceberg predicates and remote SQL hold columns, literals and operators only.
+    let plain = any.is::<CoalescePartitionsExec>()
+        || any.is::<GlobalLimitExec>()
+        || any.is::<LocalLimitExec>()
+        || any.is::<UnionExec>()
+        || any.is::<InterleaveExec>()
+        || any.is::<CrossJoinExec>()
+        || any.is::<EmptyExec>()
+        || any.is::<PlaceholderRowExec>()
+        || any.is::<UnnestExec>()
+        || any.is::<LazyMemoryExec>()
+        || any.is::<CooperativeExec>()
+        || any.is::<TpchScanExec>()
+        || any.is::<IcebergScanExec>()
+        || any.is::<RemoteScanExec>();
+    plain.then(Vec::new)
+}
+
+/// The expressions of window functions, or `None` when one is volatile or not known here.
+fn window_expressions(windows: &[Arc<dyn WindowExpr>]) -> Option<Vec<Arc<dyn PhysicalExpr>>> {
+    let mut exprs = vec![];
+    for w in windows {
+        let any = w.as_any();
+        let volatility = if let Some(a) = any.downcast_ref::<PlainAggregateWindowExpr>() {
+            a.get_aggregate_expr().fun().signature().volatility
+        } else if let Some(a) = any.downcast_ref::<SlidingAggregateWindowExpr>() {
+            a.get_aggregate_expr().fun().signature().volatility
+        } else if let Some(s) = any.downcast_ref::<StandardWindowExpr>() {
+            let udf = s
+                .get_standard_func_expr()
+                .as_any()
+                .downcast_ref::<WindowUDFExpr>()?;
+            udf.fun().signature().volatility
+        } else {
+            return None;
+        };
+        if volatile_function(volatility) {
+            return None;
+        }
+        exprs.extend(w.expressions());
+        exprs.extend(w.partition_by().iter().cloned());
+        exprs.extend(w.order_by().iter().map(|s| Arc::clone(&s.expr)));
+    }
+    Some(exprs)
 }
 
 /// One appearance of a shared aggregate: reads the batches its first reader's task computes.
@@ -370,6 +563,45 @@ mod tests {
         .unwrap();
         assert!(fast > 0, "{}", displayable(both.as_ref()).indent(true));
         assert_eq!(rows(&ctx, both).await, expected);
+    }
+
+    /// Identical aggregates over volatile expressions are two computations, each with its
+    /// own values: in the aggregate, in a filter or projection below it, in a scalar UDF
+    /// declared volatile. Stable functions (`now()`) are one value per query: shared.
+    #[tokio::test]
+    async fn volatile_aggregates_are_never_shared() {
+        use datafusion::arrow::datatypes::DataType;
+        use datafusion::logical_expr::{ColumnarValue, create_udf};
+        let ctx = context().await;
+        // A volatile UDF that returns its argument: only its declaration says volatile.
+        ctx.register_udf(create_udf(
+            "same_but_volatile",
+            vec![DataType::Int32],
+            DataType::Int32,
+            Volatility::Volatile,
+            Arc::new(|args: &[ColumnarValue]| Ok(args[0].clone())),
+        ));
+        for sql in [
+            "SELECT (SELECT max(random()) FROM t) = (SELECT max(random()) FROM t)",
+            "SELECT (SELECT max(uuid()) FROM t) = (SELECT max(uuid()) FROM t)",
+            "SELECT (SELECT sum(v) FROM t WHERE random() < 0.5) AS a, \
+             (SELECT sum(v) FROM t WHERE random() < 0.5) AS b",
+            "WITH a AS (SELECT k, sum(v * random()) AS s FROM t GROUP BY k) \
+             SELECT x.k, x.s = y.s FROM a x JOIN a y ON x.k = y.k",
+            "WITH a AS (SELECT k, sum(same_but_volatile(v)) AS s FROM t GROUP BY k) \
+             SELECT x.k, x.s, y.s FROM a x JOIN a y ON x.k = y.k",
+        ] {
+            let shared = share(plan(&ctx, sql).await);
+            assert_eq!(
+                count(&shared),
+                0,
+                "{sql}\n{}",
+                displayable(shared.as_ref()).indent(true)
+            );
+        }
+        let stable = "WITH a AS (SELECT k, sum(v) + extract(year FROM now()) AS s FROM t \
+                      GROUP BY k) SELECT x.k, x.s, y.s FROM a x JOIN a y ON x.k = y.k";
+        assert_eq!(count(&share(plan(&ctx, stable).await)), 2, "{stable}");
     }
 
     #[tokio::test]
