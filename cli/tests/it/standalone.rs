@@ -487,3 +487,17 @@ fn sigterm_stops_a_running_statement_with_an_error() {
     assert!(err.contains("interrupted (Ctrl-C or SIGTERM)"), "{err}");
     let _ = std::fs::remove_dir_all(&data);
 }
+
+#[test]
+fn plans_deeper_than_the_codecs_default_limit_reach_the_executors() {
+    // A chain of 40 joins nests a few hundred protobuf messages deep, past prost's default
+    // limit of 100 (TPC-DS Q64's plan failed to decode on the executor with
+    // RecursionLimitReached).
+    let joins: String = (1..=40)
+        .map(|i| format!(" JOIN tpch.tiny.nation n{i} ON n{i}.n_nationkey = n0.n_nationkey"))
+        .collect();
+    let sql = format!("SELECT count(*) AS n FROM tpch.tiny.nation n0{joins}");
+    let out = basin(&["standalone", "--format", "csv", "-e", &sql], &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "n\n25\n");
+}
