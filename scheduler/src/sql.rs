@@ -69,10 +69,15 @@ pub async fn plan(ctx: &SessionContext, statement: Statement) -> Result<LogicalP
 
 /// Parses and plans SQL text that holds exactly one statement.
 pub async fn plan_one(ctx: &SessionContext, sql: &str) -> Result<LogicalPlan> {
+    plan(ctx, parse_one(sql)?).await
+}
+
+/// Parses SQL text that holds exactly one statement.
+pub fn parse_one(sql: &str) -> Result<Statement> {
     let mut statements = parse(sql)?;
     match statements.len() {
         0 => Err(DataFusionError::Plan("no SQL statement given".to_string())),
-        1 => plan(ctx, statements.remove(0)).await,
+        1 => Ok(statements.remove(0)),
         n => Err(DataFusionError::Plan(format!(
             "expected one SQL statement, got {n}"
         ))),

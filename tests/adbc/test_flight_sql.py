@@ -4,8 +4,11 @@
 import datetime
 import decimal
 import os
+import shutil
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import adbc_driver_flightsql.dbapi as fs
 import adbc_driver_manager
@@ -222,3 +225,185 @@ def test_executemany_runs_every_row(flight_url):
         cur.executemany("INSERT INTO many_t VALUES ($1, $2)", [(1, "a"), (2, "b"), (3, "c")])
         cur.execute("SELECT count(*), sum(id) FROM many_t")
         assert cur.fetchone() == (3, 6)
+
+
+# --- `?` parameters (JDBC's way, and ADBC's when the user writes them) ---------------------
+
+
+def one(cur, sql, parameters=None):
+    cur.execute(sql, parameters=parameters)
+    return cur.fetchall()
+
+
+def test_question_mark_parameters_of_every_type(flight_url):
+    with connect(flight_url) as conn, conn.cursor() as cur:
+        # The query of the issue: "Failed to parse placeholder id" before.
+        sql = "SELECT count(*) FROM tpch.tiny.orders WHERE o_orderkey < ?"
+        assert one(cur, sql, (5,)) == one(cur, sql.replace("?", "5"))
+        assert one(cur, "SELECT n_nationkey FROM tpch.tiny.nation WHERE n_name = ?", ("FRANCE",)) == [(6,)]
+        # Dates and decimals (a Python Decimal arrives as decimal(5,2), the column is (15,2)).
+        sql = ("SELECT o_orderkey FROM tpch.tiny.orders WHERE o_orderdate = ? "
+               "AND o_totalprice > ? ORDER BY o_orderkey")
+        expected = one(cur, sql.replace("= ?", "= DATE '1996-01-02'").replace("> ?", "> 100.50"))
+        assert expected
+        assert one(cur, sql, (datetime.date(1996, 1, 2), decimal.Decimal("100.50"))) == expected
+        # NULL: a typed parameter takes it as a NULL of its type, an untyped one as NULL.
+        assert one(cur, "SELECT count(*) FROM tpch.tiny.nation WHERE n_regionkey = ?", (None,)) == [(0,)]
+        assert one(cur, "SELECT ? IS NULL, ? AS v", (None, 7)) == [(True, 7)]
+        # Several, in a CTE, a subquery, an IN list, CASE, LIMIT and OFFSET, numbered in order.
+        sql = ("WITH r AS (SELECT r_regionkey FROM tpch.tiny.region WHERE r_name <> ?) "
+               "SELECT n_name, CASE WHEN n_nationkey > ? THEN ? ELSE 'low' END AS level "
+               "FROM tpch.tiny.nation WHERE n_regionkey IN (SELECT r_regionkey FROM r) "
+               "AND n_nationkey IN (?, ?, ?) ORDER BY n_name LIMIT ? OFFSET ?")
+        literal = ("WITH r AS (SELECT r_regionkey FROM tpch.tiny.region WHERE r_name <> 'ASIA') "
+                   "SELECT n_name, CASE WHEN n_nationkey > 5 THEN 'high' ELSE 'low' END AS level "
+                   "FROM tpch.tiny.nation WHERE n_regionkey IN (SELECT r_regionkey FROM r) "
+                   "AND n_nationkey IN (3, 6, 7) ORDER BY n_name LIMIT 2 OFFSET 1")
+        expected = one(cur, literal)
+        assert len(expected) == 2
+        assert one(cur, sql, ("ASIA", 5, "high", 3, 6, 7, 2, 1)) == expected
+        # `$n` still works, and a `?` in a string or a quoted identifier is not a parameter.
+        assert one(cur, "SELECT $2 - $1", (1, 10)) == [(9,)]
+        cur.execute("SELECT '?' AS \"what?\", ? AS v -- why?", parameters=(7,))
+        assert cur.fetchall() == [("?", 7)]
+        assert [d[0] for d in cur.description] == ["what?", "v"]
+
+
+def test_question_mark_parameter_schema(flight_url):
+    with connect(flight_url) as conn, conn.cursor() as cur:
+        schema = cur.adbc_prepare(
+            "SELECT o_orderkey FROM tpch.tiny.orders WHERE o_orderkey < ? AND o_orderdate > ? "
+            "AND o_totalprice > ? AND o_orderpriority = ? LIMIT ?"
+        )
+        assert schema.names == ["$1", "$2", "$3", "$4", "$5"]
+        assert schema.types == [pa.int64(), pa.date32(), pa.decimal128(15, 2), pa.string(), pa.int64()]
+        # A parameter nothing gives a type to is ADBC's "unknown": null.
+        assert cur.adbc_prepare("SELECT ?").types == [pa.null()]
+
+
+def test_question_mark_statement_reexecuted_with_new_values(flight_url):
+    with connect(flight_url) as conn, conn.cursor() as cur, conn.cursor() as other:
+        sql = "SELECT count(*) FROM tpch.tiny.lineitem WHERE l_orderkey < ? AND l_returnflag = ?"
+        seen = {}
+        for key, flag in [(100, "R"), (1000, "N"), (100, "R"), (50000, "A")]:
+            seen.setdefault((key, flag), set()).add(one(cur, sql, (key, flag))[0][0])
+        assert all(len(v) == 1 for v in seen.values()), seen
+        for (key, flag), (n,) in seen.items():
+            assert one(other, f"SELECT count(*) FROM tpch.tiny.lineitem WHERE l_orderkey < {key} AND l_returnflag = '{flag}'") == [(n,)]
+        # The prepared statement reads the table as it is when it runs, not as it was prepared.
+        schema = f"lake.p{os.getpid()}"
+        other.execute(f"CREATE SCHEMA {schema}")
+        other.execute(f"CREATE TABLE {schema}.counts (id BIGINT)")
+        other.execute(f"INSERT INTO {schema}.counts VALUES (1), (2)")
+        sql = f"SELECT count(*) FROM {schema}.counts WHERE id > ?"
+        assert one(cur, sql, (0,)) == [(2,)]
+        other.execute(f"INSERT INTO {schema}.counts VALUES (3)")
+        assert one(cur, sql, (0,)) == [(3,)]
+        assert one(cur, sql, (2,)) == [(1,)]
+
+
+def test_question_mark_insert_into_iceberg(flight_url):
+    table = f"lake.ins{os.getpid()}.items"
+    hostile = "x'); DROP TABLE " + table + "; --"
+    with connect(flight_url) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE SCHEMA lake.ins{os.getpid()}")
+        cur.execute(f"CREATE TABLE {table} (id BIGINT, name VARCHAR, price DECIMAL(10, 2), day DATE)")
+        sql = f"INSERT INTO {table} VALUES (?, ?, ?, ?)"
+        cur.execute(sql, parameters=(1, "one", decimal.Decimal("1.5"), datetime.date(2024, 1, 31)))
+        assert cur.fetchall() == [(1,)]
+        # Re-executed (the same prepared statement) and run once per row.
+        cur.execute(sql, parameters=(2, hostile, decimal.Decimal("20.25"), datetime.date(2024, 2, 29)))
+        cur.executemany(sql, [(3, None, None, None), (4, "four", decimal.Decimal("4"), None)])
+        cur.execute(f"SELECT id, name, price, day FROM {table} ORDER BY id")
+        assert cur.fetchall() == [
+            (1, "one", decimal.Decimal("1.50"), datetime.date(2024, 1, 31)),
+            (2, hostile, decimal.Decimal("20.25"), datetime.date(2024, 2, 29)),
+            (3, None, None, None),
+            (4, "four", decimal.Decimal("4.00"), None),
+        ]
+        assert one(cur, f"SELECT id FROM {table} WHERE name = ?", (hostile,)) == [(2,)]
+
+
+def test_question_mark_hostile_values_are_values(flight_url):
+    with connect(flight_url) as conn, conn.cursor() as cur:
+        for hostile in ["FRANCE' OR '1'='1", "x'; DROP TABLE t; --", "?", "$1", "'", "\\", "\"", "é\x00"]:
+            assert one(cur, "SELECT count(*) FROM tpch.tiny.nation WHERE n_name = ?", (hostile,)) == [(0,)]
+            assert one(cur, "SELECT ? AS v", (hostile,)) == [(hostile,)]
+        assert one(cur, "SELECT count(*) FROM tpch.tiny.nation WHERE n_name = ?", ("FRANCE",)) == [(1,)]
+
+
+def test_question_mark_errors_name_the_counts(flight_url):
+    with connect(flight_url) as conn, conn.cursor() as cur:
+        with pytest.raises(adbc_driver_manager.Error) as err:
+            cur.execute("SELECT ? + ?", parameters=(1,))
+        assert "the statement has 2 parameters but 1 value was bound" in str(err.value)
+        with pytest.raises(adbc_driver_manager.Error) as err:
+            cur.execute("SELECT count(*) FROM tpch.tiny.nation WHERE n_nationkey < ?")
+        assert "the statement has 1 parameter but 0 values were bound" in str(err.value)
+        with pytest.raises(adbc_driver_manager.Error) as err:
+            cur.execute("SELECT 1", parameters=(1,))
+        assert "the statement has 0 parameters but 1 value was bound" in str(err.value)
+        with pytest.raises(adbc_driver_manager.Error) as err:
+            cur.execute("SELECT ?, $1", parameters=(1,))
+        assert "mixes `?` parameters with `$1`" in str(err.value)
+        with pytest.raises(adbc_driver_manager.Error) as err:
+            cur.execute("SELECT count(*) FROM tpch.tiny.nation WHERE n_nationkey < ?", parameters=("five",))
+        assert "parameter 1 takes Int64" in str(err.value)
+        # The connection goes on.
+        assert one(cur, "SELECT ? * 2", (21,)) == [(42,)]
+
+
+# A join with GROUP BY: small, so the cluster runs it whole on one executor.
+JOIN_SQL = (
+    "SELECT n_name, count(*) AS suppliers FROM tpch.tiny.supplier "
+    "JOIN tpch.tiny.nation ON s_nationkey = n_nationkey "
+    "WHERE s_acctbal > ? AND n_regionkey = ? GROUP BY n_name ORDER BY n_name"
+)
+JOIN_VALUES = (decimal.Decimal("1000"), 1)
+JOIN_LITERAL = JOIN_SQL.replace("> ?", "> 1000").replace("= ?", "= 1")
+
+
+@pytest.fixture(scope="module")
+def job_url():
+    """A standalone server where every query is a Ballista job: nothing streams."""
+    from conftest import Cluster, free_port, wait_port
+    workdir = Path(tempfile.mkdtemp(prefix="basin-adbc-jobs-"))
+    cluster = Cluster(workdir)
+    try:
+        (workdir / "basin.toml").write_text("[server]\nstreamed_stages = false\nsingle_node_max_bytes = 0\n")
+        flight = free_port()
+        cluster.spawn("jobs", "standalone", "--config", str(workdir / "basin.toml"),
+                      "--executors", "1", "--flight-sql-port", str(flight))
+        wait_port(flight, cluster.procs)
+        yield f"grpc://127.0.0.1:{flight}"
+    finally:
+        cluster.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def explain(cur, sql, parameters):
+    cur.execute("EXPLAIN " + sql, parameters=parameters)
+    return "\n".join(row[1] for row in cur.fetchall())
+
+
+def test_question_mark_parameters_on_every_route(flight_url, job_url):
+    with connect(flight_url) as conn, conn.cursor() as cur:
+        # A scan and filter: one stage, streamed from the executors.
+        scan = "SELECT l_orderkey, l_linenumber FROM tpch.tiny.lineitem WHERE l_orderkey < ? AND l_quantity > ?"
+        values = (200, decimal.Decimal("45"))
+        literal = scan.replace("< ?", "< 200").replace("> ?", "> 45")
+        plan = explain(cur, scan, values)
+        assert "StreamedStageExec" in plan and "200" in plan, plan
+        expected = sorted(one(cur, literal))
+        assert expected and sorted(one(cur, scan, values)) == expected
+        # A join: whole on one executor.
+        plan = explain(cur, JOIN_SQL, JOIN_VALUES)
+        assert "StreamedStageExec: partitions=1, executors=1" in plan, plan
+        joined = one(cur, JOIN_LITERAL)
+        assert joined and one(cur, JOIN_SQL, JOIN_VALUES) == joined
+    with connect(job_url) as conn, conn.cursor() as cur:
+        # The same as a Ballista job.
+        plan = explain(cur, JOIN_SQL, JOIN_VALUES)
+        assert "ShuffleWriterExec" in plan and "StreamedStageExec" not in plan, plan
+        assert one(cur, JOIN_SQL, JOIN_VALUES) == joined
+        assert sorted(one(cur, scan, values)) == expected

@@ -9,6 +9,7 @@
 
 mod auth;
 mod metadata;
+mod params;
 mod service;
 mod state;
 mod wrapper;

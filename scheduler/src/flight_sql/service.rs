@@ -28,11 +28,12 @@ use arrow_flight::{
 use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::ipc::writer::IpcWriteOptions;
-use datafusion::common::{ParamValues, ScalarValue};
+use datafusion::common::ScalarValue;
 use datafusion::error::DataFusionError;
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{LogicalPlan, TableType};
 use datafusion::physical_plan::{ExecutionPlan, SendableRecordBatchStream, execute_stream};
+use datafusion::sql::parser::Statement as SqlStatement;
 use futures::stream::{AbortHandle, AbortRegistration, Abortable, BoxStream};
 use futures::{Stream, StreamExt, TryStreamExt};
 use prost::Message;
@@ -42,6 +43,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::SessionFactory;
 use super::auth::{Tokens, Users, parse_basic};
 use super::metadata::{SQL_INFO, XDBC_TYPES, annotate_schema};
+use super::params::{Parameters, Values, number_placeholders};
 use super::state::{Registry, Session, Statement};
 use crate::limits::Deadline;
 use crate::streamed;
@@ -126,19 +128,42 @@ impl BasinFlightSqlService {
         Ok((key, session))
     }
 
-    async fn plan(&self, session: &Session, sql: &str) -> Result<LogicalPlan, Status> {
+    /// Plans SQL text, its `?` parameters numbered; with the parsed statement it was planned
+    /// from (`None` for `USE`, which runs here).
+    async fn plan(
+        &self,
+        session: &Session,
+        sql: &str,
+    ) -> Result<(LogicalPlan, Option<SqlStatement>), Status> {
         if let Some(done) = crate::frontend::try_use_statement(&session.ctx, sql) {
             done.map_err(to_status)?;
-            return Ok(LogicalPlan::EmptyRelation(
-                datafusion::logical_expr::EmptyRelation {
-                    produce_one_row: false,
-                    schema: Arc::new(datafusion::common::DFSchema::empty()),
-                },
-            ));
+            let nothing = LogicalPlan::EmptyRelation(datafusion::logical_expr::EmptyRelation {
+                produce_one_row: false,
+                schema: Arc::new(datafusion::common::DFSchema::empty()),
+            });
+            return Ok((nothing, None));
         }
-        crate::sql::plan_one(&session.ctx, sql)
+        let mut statement = crate::sql::parse_one(sql).map_err(to_status)?;
+        number_placeholders(&mut statement).map_err(to_status)?;
+        let plan = crate::sql::plan(&session.ctx, statement.clone())
             .await
-            .map_err(to_status)
+            .map_err(to_status)?;
+        Ok((plan, Some(statement)))
+    }
+
+    /// The plan an execution of a prepared statement runs: `plan`, or `again` planned anew.
+    async fn replan(
+        &self,
+        session: &Session,
+        plan: LogicalPlan,
+        again: Option<SqlStatement>,
+    ) -> Result<LogicalPlan, Status> {
+        match again {
+            Some(statement) => crate::sql::plan(&session.ctx, statement)
+                .await
+                .map_err(to_status),
+            None => Ok(plan),
+        }
     }
 
     /// Runs DDL and DML right away (clients may never fetch their result); queries wait
@@ -147,7 +172,7 @@ impl BasinFlightSqlService {
         &self,
         session: &Session,
         plan: &LogicalPlan,
-        params: Option<ParamValues>,
+        params: Option<Values>,
     ) -> Result<Option<Vec<RecordBatch>>, Status> {
         if !crate::sql::is_command(plan) {
             return Ok(None);
@@ -161,7 +186,7 @@ impl BasinFlightSqlService {
         &self,
         session: &Session,
         plan: LogicalPlan,
-        params: Option<ParamValues>,
+        params: Option<Values>,
     ) -> Result<Vec<RecordBatch>, Status> {
         let name = format!("statement-{}", uuid::Uuid::new_v4().simple());
         name_next_jobs(session, &name);
@@ -203,7 +228,7 @@ impl BasinFlightSqlService {
         key: &str,
         handle: &str,
     ) -> Result<Response<DoGetStream>, Status> {
-        let (plan, params, prepared, done) = self
+        let (plan, again, params, prepared, done) = self
             .registry
             .with_statement(handle, key, |s| {
                 // The SQL text is not logged: it may hold credentials (OPTIONS of COPY …).
@@ -213,7 +238,11 @@ impl BasinFlightSqlService {
                 } else {
                     s.result.take()
                 };
-                (s.plan.clone(), s.params.clone(), s.prepared, done)
+                let (plan, again) = match &done {
+                    None if s.prepared => s.next_execution(),
+                    _ => (s.plan.clone(), None),
+                };
+                (plan, again, s.params.clone(), s.prepared, done)
             })
             .ok_or_else(|| Status::not_found("unknown statement handle (expired or closed?)"))?;
         if let Some(batches) = done {
@@ -231,6 +260,7 @@ impl BasinFlightSqlService {
             Err(DataFusionError::Execution("the session has expired".into()))
         });
         let session = session.map_err(to_status)?;
+        let plan = self.replan(&session, plan, again).await?;
         // Name the Ballista job after the statement so a cancel can find and stop it.
         name_next_jobs(&session, handle);
         let limit = self
@@ -299,7 +329,7 @@ impl BasinFlightSqlService {
         &self,
         session: &Session,
         plan: LogicalPlan,
-        params: Option<ParamValues>,
+        params: Option<Values>,
     ) -> Result<i64, Status> {
         let batches = self.collect(session, plan, params).await?;
         Ok(affected_rows(&batches))
@@ -365,7 +395,7 @@ impl BasinFlightSqlService {
         match command {
             C::CommandStatementQuery(q) => {
                 let (_, session) = self.session(request).await?;
-                let plan = self.plan(&session, &q.query).await?;
+                let (plan, _) = self.plan(&session, &q.query).await?;
                 Ok(annotate_schema(plan.schema()))
             }
             C::CommandPreparedStatementQuery(p) => {
@@ -542,7 +572,7 @@ enum Started {
 async fn start(
     session: &Session,
     plan: LogicalPlan,
-    params: Option<ParamValues>,
+    params: Option<Values>,
 ) -> Result<Started, Status> {
     let (schema, context, physical) = plan_physical(session, plan, params).await?;
     if let Some(messages) = streamed::relay(&physical, schema.clone(), context.clone()) {
@@ -556,23 +586,21 @@ async fn start(
 async fn execute(
     session: &Session,
     plan: LogicalPlan,
-    params: Option<ParamValues>,
+    params: Option<Values>,
 ) -> Result<SendableRecordBatchStream, Status> {
     let (schema, context, physical) = plan_physical(session, plan, params).await?;
     let stream = execute_stream(physical, context).map_err(to_status)?;
     Ok(with_schema(schema, stream))
 }
 
-/// The result's schema (annotated for Flight SQL), the task context and the physical plan.
+/// The result's schema (annotated for Flight SQL), the task context and the physical plan
+/// of `plan` with the parameter values `params`.
 async fn plan_physical(
     session: &Session,
     plan: LogicalPlan,
-    params: Option<ParamValues>,
+    params: Option<Values>,
 ) -> Result<(SchemaRef, Arc<TaskContext>, Arc<dyn ExecutionPlan>), Status> {
-    let plan = match params {
-        Some(p) => plan.with_param_values(p).map_err(to_status)?,
-        None => plan,
-    };
+    let plan = bind(plan, params)?;
     let df = session
         .ctx
         .execute_logical_plan(plan)
@@ -635,20 +663,12 @@ fn schema_ipc(schema: &Schema) -> Result<Vec<u8>, Status> {
     Ok(bytes.to_vec())
 }
 
-fn parameter_schema(plan: &LogicalPlan) -> Result<SchemaRef, Status> {
-    let types = plan.get_parameter_types().map_err(to_status)?;
-    let mut names: Vec<_> = types.into_iter().collect();
-    names.sort_by_key(|(name, _)| {
-        name.trim_start_matches('$')
-            .parse::<usize>()
-            .unwrap_or(usize::MAX)
-    });
-    Ok(Arc::new(Schema::new(
-        names
-            .into_iter()
-            .map(|(name, dt)| Field::new(name, dt.unwrap_or(DataType::Null), true))
-            .collect::<Vec<_>>(),
-    )))
+/// `plan` with the values `params` in place of its parameters; fails unless there is one
+/// value per parameter.
+fn bind(plan: LogicalPlan, params: Option<Values>) -> Result<LogicalPlan, Status> {
+    Parameters::of(&plan)
+        .and_then(|parameters| parameters.bind(plan, params.unwrap_or_default()))
+        .map_err(to_status)
 }
 
 fn keys_schema(cross: bool) -> SchemaRef {
@@ -759,7 +779,9 @@ impl FlightSqlService for BasinFlightSqlService {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let (key, session) = self.session(&request).await?;
-        let plan = self.plan(&session, &query.query).await?;
+        let (plan, _) = self.plan(&session, &query.query).await?;
+        // A statement with parameters needs values: prepare it and bind them.
+        let plan = bind(plan, None)?;
         let schema = annotate_schema(plan.schema());
         let result = self.run_if_not_query(&session, &plan, None).await?;
         let mut statement = Statement::new(key, query.query, plan, false);
@@ -779,17 +801,20 @@ impl FlightSqlService for BasinFlightSqlService {
     ) -> Result<Response<FlightInfo>, Status> {
         let (key, session) = self.session(&request).await?;
         let handle = bad_handle(&cmd.prepared_statement_handle)?;
-        let (schema, plan, params) = self
+        let (plan, params) = self
             .registry
-            .with_statement(&handle, &key, |s| {
-                (
-                    annotate_schema(s.plan.schema()),
-                    s.plan.clone(),
-                    s.params.clone(),
-                )
-            })
+            .with_statement(&handle, &key, |s| (s.plan.clone(), s.params.clone()))
             .ok_or_else(|| Status::not_found("unknown prepared statement (closed?)"))?;
-        if let Some(result) = self.run_if_not_query(&session, &plan, params).await? {
+        // The result's types with the values bound (`SELECT ?` is what its value is); a
+        // wrong number of values fails here, before anything runs.
+        let schema = annotate_schema(bind(plan.clone(), params.clone())?.schema());
+        if crate::sql::is_command(&plan) {
+            let (plan, again) = self
+                .registry
+                .with_statement(&handle, &key, Statement::next_execution)
+                .ok_or_else(|| Status::not_found("unknown prepared statement (closed?)"))?;
+            let plan = self.replan(&session, plan, again).await?;
+            let result = self.collect(&session, plan, params).await?;
             self.registry
                 .with_statement(&handle, &key, |s| s.result = Some(result));
         }
@@ -1089,7 +1114,7 @@ impl FlightSqlService for BasinFlightSqlService {
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
         let (_, session) = self.session(&request).await?;
-        let plan = self.plan(&session, &ticket.query).await?;
+        let (plan, _) = self.plan(&session, &ticket.query).await?;
         self.update_count(&session, plan, None).await
     }
 
@@ -1100,11 +1125,15 @@ impl FlightSqlService for BasinFlightSqlService {
     ) -> Result<DoPutPreparedStatementResult, Status> {
         let key = self.caller(&request)?;
         let handle = bad_handle(&query.prepared_statement_handle)?;
-        // A query runs with one set of values: the first row.
-        let params = read_parameters(request.into_inner())
-            .await?
-            .into_iter()
-            .next();
+        let mut rows = read_parameters(request.into_inner()).await?;
+        if rows.len() > 1 {
+            return Err(Status::invalid_argument(format!(
+                "a query runs with one row of parameter values, but {} rows were bound: \
+                 execute it once per row",
+                rows.len()
+            )));
+        }
+        let params = rows.pop();
         self.registry
             .with_statement(&handle, &key, |s| s.params = params)
             .ok_or_else(|| Status::not_found("unknown prepared statement (closed?)"))?;
@@ -1121,10 +1150,11 @@ impl FlightSqlService for BasinFlightSqlService {
         let (key, session) = self.session(&request).await?;
         let handle = bad_handle(&query.prepared_statement_handle)?;
         let rows = read_parameters(request.into_inner()).await?;
-        let plan = self
+        let (plan, again) = self
             .registry
-            .with_statement(&handle, &key, |s| s.plan.clone())
+            .with_statement(&handle, &key, Statement::next_execution)
             .ok_or_else(|| Status::not_found("unknown prepared statement (closed?)"))?;
+        let plan = self.replan(&session, plan, again).await?;
         if rows.is_empty() {
             return self.update_count(&session, plan, None).await;
         }
@@ -1144,12 +1174,13 @@ impl FlightSqlService for BasinFlightSqlService {
         request: Request<Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
         let (key, session) = self.session(&request).await?;
-        let plan = self.plan(&session, &query.query).await?;
+        let (plan, parsed) = self.plan(&session, &query.query).await?;
         let dataset_schema = schema_ipc(&annotate_schema(plan.schema()))?;
-        let parameter_schema = schema_ipc(parameter_schema(&plan)?.as_ref())?;
-        let handle = self
-            .registry
-            .put_statement(Statement::new(key, query.query, plan, true));
+        let parameters = Parameters::of(&plan).map_err(to_status)?;
+        let parameter_schema = schema_ipc(&parameters.schema())?;
+        let mut statement = Statement::new(key, query.query, plan, true);
+        statement.parsed = parsed;
+        let handle = self.registry.put_statement(statement);
         Ok(ActionCreatePreparedStatementResult {
             prepared_statement_handle: handle.into_bytes().into(),
             dataset_schema: dataset_schema.into(),
@@ -1217,8 +1248,8 @@ impl FlightSqlService for BasinFlightSqlService {
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
 }
 
-/// Every row of the parameter batches a client sent with DoPut, one `ParamValues` each.
-async fn read_parameters(stream: PeekableFlightDataStream) -> Result<Vec<ParamValues>, Status> {
+/// Every row of the parameter batches a client sent with DoPut, its values by position.
+async fn read_parameters(stream: PeekableFlightDataStream) -> Result<Vec<Values>, Status> {
     let mut batches =
         FlightRecordBatchStream::new_from_flight_data(stream.map_err(FlightError::from));
     let mut rows = vec![];
@@ -1231,9 +1262,7 @@ async fn read_parameters(stream: PeekableFlightDataStream) -> Result<Vec<ParamVa
                 .map(|c: &ArrayRef| ScalarValue::try_from_array(c, row))
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(to_status)?;
-            rows.push(ParamValues::List(
-                values.into_iter().map(Into::into).collect(),
-            ));
+            rows.push(values);
         }
     }
     Ok(rows)

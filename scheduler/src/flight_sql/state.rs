@@ -9,10 +9,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use datafusion::common::ParamValues;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::SessionContext;
+use datafusion::sql::parser::Statement as SqlStatement;
 use futures::future::AbortHandle;
+
+use super::params::Values;
 
 /// One client session.
 pub struct Session {
@@ -74,7 +76,14 @@ pub struct Statement {
     pub session: String,
     pub sql: String,
     pub plan: LogicalPlan,
-    pub params: Option<ParamValues>,
+    /// The parsed SQL (parameters numbered) a prepared statement is planned from again for
+    /// each execution after the first: the tables it reads may have changed since (an
+    /// Iceberg table's plan reads the snapshot that was current when it was planned).
+    pub parsed: Option<SqlStatement>,
+    /// Whether an execution has run `plan` already.
+    pub plan_used: bool,
+    /// The parameter values the client bound last (DoPut).
+    pub params: Option<Values>,
     pub prepared: bool,
     pub created: Instant,
     pub abort: Option<AbortHandle>,
@@ -88,12 +97,28 @@ impl Statement {
             session,
             sql,
             plan,
+            parsed: None,
+            plan_used: false,
             params: None,
             prepared,
             created: Instant::now(),
             abort: None,
             result: None,
         }
+    }
+}
+
+impl Statement {
+    /// The plan of the next execution, with the SQL to plan again instead when an execution
+    /// has run the plan already.
+    pub fn next_execution(&mut self) -> (LogicalPlan, Option<SqlStatement>) {
+        let again = if self.plan_used {
+            self.parsed.clone()
+        } else {
+            None
+        };
+        self.plan_used = true;
+        (self.plan.clone(), again)
     }
 }
 
