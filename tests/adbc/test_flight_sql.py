@@ -17,6 +17,7 @@ import pyarrow.flight as flight
 import pytest
 
 import tpch_answers
+from test_federation import federation  # noqa: F401 - the fixture, for the pushdown test
 
 SQL_INFO_IDS = list(range(0, 12)) + [100, 101] + list(range(500, 577))
 
@@ -407,3 +408,29 @@ def test_question_mark_parameters_on_every_route(flight_url, job_url):
         assert "ShuffleWriterExec" in plan and "StreamedStageExec" not in plan, plan
         assert one(cur, JOIN_SQL, JOIN_VALUES) == joined
         assert sorted(one(cur, scan, values)) == expected
+
+
+def test_question_mark_hostile_values_pushed_to_sources(federation):
+    """A filter on a bound string is pushed to PostgreSQL and MariaDB as a literal Basin
+    writes for each (MariaDB reads a backslash in a quoted string as an escape). MariaDB
+    gets string filters only on binary collations."""
+    from test_federation import mariadb, psql
+    name = federation["schema"]
+    rows = "(1, 'O''Brien'), (2, 'a\\b'), (3, 'x')"  # a\b: one backslash
+    psql(federation["pg"], f"CREATE TABLE {name}.people (id int, name text); "
+                           f"INSERT INTO {name}.people VALUES {rows}")
+    # MariaDB reads a backslash in a quoted string as an escape: doubled here.
+    mariadb(federation["my"], f"CREATE TABLE {name}.people (id int, name varchar(40) COLLATE utf8mb4_bin); "
+                              f"INSERT INTO {name}.people VALUES {rows.replace(chr(92), chr(92) * 2)}")
+    with connect(federation["url"]) as conn, conn.cursor() as cur:
+        for source in ["pg", "my"]:
+            sql = f"SELECT id FROM {source}.{name}.people WHERE name = ? ORDER BY id"
+            # The filter with its value runs on the source.
+            literal = {"pg": "E'O''Brien'", "my": "X'" + b"O'Brien".hex().upper() + "'"}[source]
+            plan = explain(cur, sql, ("O'Brien",))
+            assert f"{literal})" in plan, plan
+            assert one(cur, sql, ("O'Brien",)) == [(1,)], source
+            assert one(cur, sql, ("a\\b",)) == [(2,)], source
+            for hostile in ["x' OR '1'='1", "x\\' OR 1=1 -- ", "\\", "'; DROP TABLE people; --"]:
+                assert one(cur, sql, (hostile,)) == [], (source, hostile)
+            assert one(cur, f"SELECT count(*) FROM {source}.{name}.people") == [(3,)]
