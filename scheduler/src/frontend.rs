@@ -95,6 +95,7 @@ pub fn connect(
         .with_optimizer_rule(Arc::new(PushDownSemiJoins))
         .with_optimizer_rule(Arc::new(PrefilterScans))
         .with_physical_optimizer_rule(Arc::new(SeriesProjections))
+        .with_physical_optimizer_rule(Arc::new(crate::empty_projections::EmptyProjectionsTravel))
         .build();
     let ctx = SessionContext::new_with_state(state);
     register_catalogs(&ctx, config, partitions)?;

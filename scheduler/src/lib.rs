@@ -12,6 +12,7 @@
 
 pub mod flight_sql;
 pub mod distinct;
+pub mod empty_projections;
 pub mod frontend;
 pub mod joins;
 pub mod limits;

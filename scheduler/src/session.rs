@@ -20,6 +20,7 @@ use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::{DefaultPhysicalPlanner, PhysicalPlanner};
 use datafusion::prelude::SessionConfig;
 
+use crate::empty_projections::EmptyProjectionsTravel;
 use crate::joins::DistributedSafeJoins;
 use crate::limits::BasinOptions;
 use crate::series::SeriesProjections;
@@ -70,6 +71,7 @@ pub fn session_builder(runtime: Arc<RuntimeEnv>) -> SessionBuilder {
             .with_physical_optimizer_rule(Arc::new(DistributedSafeJoins))
             .with_physical_optimizer_rule(Arc::new(SeriesProjections))
             .with_physical_optimizer_rule(Arc::new(PlainExchanges))
+            .with_physical_optimizer_rule(Arc::new(EmptyProjectionsTravel))
             .build())
     })
 }
