@@ -61,27 +61,23 @@ TABLES = [
 BASIN_ENGINES = ("basin", "basin-standalone")
 
 
-
 def _basin(reason: str) -> dict[str, str]:
     return {e: reason for e in BASIN_ENGINES}
 
 
 _STATS_PANIC = ("debug build: panic 'attempt to subtract with overflow' at "
-                "datafusion-physical-plan joins/utils.rs:725 while planning the joins: a column's "
-                "null count above the exact row count in the statistics the join planner gets "
-                "(a release build wraps silently); the client sees a cancelled stream")
+                "datafusion-physical-plan joins/utils.rs:725 while planning: a join estimated at "
+                "Exact(0) rows keeps its inputs' null counts, which the join above subtracts "
+                "from 0 (apache/datafusion#22413, #22743); the client sees a cancelled stream")
 
-# Queries that fail today, engine by engine, and why, as CI finds them (SF 0.1, debug build,
-# 2026-12-06): CI reports them, fails on any failure not listed here and on a listed one that
-# passes (then take it off). The aim is an empty list.
+# Queries that fail today, engine by engine, and why, as CI finds them (SF 0.1, debug build):
+# CI reports them, fails on any failure not listed here and on a listed one that passes —
+# whoever fixes one takes it off in the same commit. The aim is an empty list. Taken off
+# since the list began (2026-12-06): Q9 (068d9c7), Q71 (4dc7a1c).
 KNOWN_FAILURES: dict[int, dict[str, str]] = {
     1: _basin(_STATS_PANIC),
-    9: _basin("Assertion failed: col.name() == matching_name: input field r_reason_sk does not "
-              "match the projection expression count(*)"),
     14: _basin(_STATS_PANIC),
     24: _basin(_STATS_PANIC),
-    71: _basin("physical and logical input schemas differ in field metadata: PARQUET:field_id on "
-               "ext_price"),
     95: _basin(_STATS_PANIC),
 }
 
