@@ -416,6 +416,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("parameter 1 takes Int64"), "{err}");
+
+        let plan = planned("SELECT id FROM t WHERE id = $id").await;
+        let err = Parameters::of(&plan)
+            .unwrap()
+            .bind(plan, vec![ScalarValue::Int64(Some(1))])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("parameter `$id` is named"), "{err}");
     }
 
     #[tokio::test]
