@@ -40,6 +40,9 @@ pub struct StandaloneCluster {
     supervisor: Option<JoinHandle<()>>,
     task_log: TaskLog,
     task_slots: usize,
+    /// Bytes each executor's queries may hold: `[executor] memory_limit`, by default a
+    /// share of the machine's memory divided among the executors of this process.
+    memory_limit: u64,
     work_root: PathBuf,
 }
 
@@ -63,11 +66,21 @@ impl StandaloneCluster {
             scheduler.addr.port()
         ));
         let task_log = TaskLog::default();
+        let memory_limit = config.executor.memory_limit_bytes(options.executors);
         let executors = (0..options.executors)
-            .map(|i| spawn_executor(&config, scheduler.addr, i, &work_root, &task_log))
+            .map(|i| {
+                spawn_executor(
+                    &config,
+                    scheduler.addr,
+                    i,
+                    (&work_root, memory_limit),
+                    &task_log,
+                )
+            })
             .collect();
         let mut cluster = Self {
             task_slots: options.executors * effective_task_slots(config.server.executor_task_slots),
+            memory_limit,
             config,
             scheduler,
             executors,
@@ -82,6 +95,7 @@ impl StandaloneCluster {
             cluster: cluster.scheduler.cluster_view(),
             work_root: cluster.work_root.clone(),
             task_log: cluster.task_log.clone(),
+            memory_limit: cluster.memory_limit,
         };
         let executors = std::mem::take(&mut cluster.executors);
         cluster.supervisor = Some(tokio::spawn(supervise(executors, start)));
@@ -119,7 +133,7 @@ impl StandaloneCluster {
                         &self.config,
                         self.scheduler.addr,
                         i,
-                        &self.work_root,
+                        (&self.work_root, self.memory_limit),
                         &self.task_log,
                     );
                     continue;
@@ -163,6 +177,11 @@ impl StandaloneCluster {
     pub fn task_slots(&self) -> usize {
         self.task_slots
     }
+
+    /// Bytes each executor's queries may hold together.
+    pub fn memory_limit(&self) -> u64 {
+        self.memory_limit
+    }
 }
 
 impl Drop for StandaloneCluster {
@@ -189,6 +208,7 @@ struct Restart {
     cluster: ClusterView,
     work_root: PathBuf,
     task_log: TaskLog,
+    memory_limit: u64,
 }
 
 /// Executors stop on their own when a server of theirs fails, or when the scheduler gave
@@ -240,7 +260,7 @@ async fn supervise(executors: Vec<JoinHandle<Result<()>>>, start: Restart) {
             &start.config,
             start.scheduler,
             i,
-            &start.work_root,
+            (&start.work_root, start.memory_limit),
             &start.task_log,
         );
         executors.0[at] = (i, restarts + 1, task);
@@ -250,17 +270,19 @@ async fn supervise(executors: Vec<JoinHandle<Result<()>>>, start: Restart) {
 /// Times one executor of a standalone cluster is started again after it stopped.
 const RESTARTS: usize = 10;
 
-/// Starts executor `i` of a standalone cluster (its own free ports, its work directory).
+/// Starts executor `i` of a standalone cluster (its own free ports, its work directory
+/// under `work_root`, `memory_limit` bytes for its queries).
 fn spawn_executor(
     config: &Arc<BasinConfig>,
     scheduler: SocketAddr,
     i: usize,
-    work_root: &Path,
+    (work_root, memory_limit): (&Path, u64),
     task_log: &TaskLog,
 ) -> JoinHandle<Result<()>> {
     let mut executor_options =
         ExecutorOptions::new(config, &scheduler.ip().to_string(), scheduler.port());
     executor_options.work_dir = Some(work_root.join(format!("executor-{i}")));
+    executor_options.memory_limit = memory_limit;
     executor_options.task_log = Some(task_log.clone());
     let config = config.clone();
     tokio::spawn(async move {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use basin_cli::cluster::{StandaloneCluster, StandaloneOptions};
 use basin_cli::output::{OutputFormat, write_result};
 use basin_cli::statements::run_sql;
-use basin_core::{BasinConfig, BasinError};
+use basin_core::{BasinConfig, BasinError, ByteSize};
 use basin_executor::ExecutorOptions;
 use basin_scheduler::SchedulerOptions;
 use clap::{Args, Parser, Subcommand};
@@ -146,6 +146,10 @@ struct StandaloneArgs {
     /// Task slots per executor (default: number of cores).
     #[arg(long)]
     task_slots: Option<usize>,
+    /// Memory each executor's queries may hold, e.g. 4GiB (overrides [executor] memory_limit;
+    /// default: 60 % of the machine's memory divided among the executors).
+    #[arg(long, env = "BASIN_EXECUTOR_MEMORY_LIMIT")]
+    memory_limit: Option<ByteSize>,
     /// Scheduler gRPC port (0 = any free port).
     #[arg(long, default_value_t = 0)]
     scheduler_port: u16,
@@ -193,6 +197,10 @@ struct ExecutorArgs {
     /// Concurrent tasks (default: number of cores).
     #[arg(long)]
     task_slots: Option<usize>,
+    /// Memory this executor's queries may hold, e.g. 4GiB (overrides [executor] memory_limit;
+    /// default: 60 % of the machine's memory).
+    #[arg(long, env = "BASIN_EXECUTOR_MEMORY_LIMIT")]
+    memory_limit: Option<ByteSize>,
     /// Directory for shuffle and spill files.
     #[arg(long)]
     work_dir: Option<PathBuf>,
@@ -310,6 +318,9 @@ async fn standalone(args: StandaloneArgs) -> Result<(), String> {
     if let Some(slots) = args.task_slots {
         config.server.executor_task_slots = slots;
     }
+    if let Some(limit) = args.memory_limit {
+        config.executor.memory_limit = Some(limit);
+    }
     let config = Arc::new(config);
     let scripts = args.script.scripts()?;
     let cluster = StandaloneCluster::start(
@@ -425,6 +436,9 @@ async fn executor(args: ExecutorArgs) -> Result<(), String> {
     }
     if let Some(slots) = args.task_slots {
         options.task_slots = slots;
+    }
+    if let Some(limit) = args.memory_limit {
+        options.memory_limit = limit.0;
     }
     options.work_dir = args.work_dir;
     basin_executor::run(config, options)

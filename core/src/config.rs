@@ -41,6 +41,9 @@ pub struct BasinConfig {
     /// The Arrow Flight SQL front end.
     #[serde(default)]
     pub flight_sql: FlightSqlConfig,
+    /// What each executor may use.
+    #[serde(default)]
+    pub executor: ExecutorConfig,
     /// Catalogs by name.
     #[serde(default)]
     pub catalogs: BTreeMap<String, CatalogConfig>,
@@ -76,6 +79,9 @@ pub struct ServerConfig {
     /// (or a statement is sent) to its last row; longer ones are cancelled with an error.
     /// 0 = no limit. A session may set a shorter one (`SET basin.query_timeout_seconds`).
     pub query_timeout_seconds: u64,
+    /// Memory the front end's queries (Flight SQL sessions, `basin standalone -e`) may hold
+    /// together in this process; default 10 % of the machine's memory.
+    pub front_end_memory_limit: Option<ByteSize>,
 }
 
 impl Default for ServerConfig {
@@ -89,6 +95,123 @@ impl Default for ServerConfig {
             streamed_stages: true,
             single_node_max_bytes: 1 << 30,
             query_timeout_seconds: 0,
+            front_end_memory_limit: None,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// `front_end_memory_limit` in bytes, its default resolved.
+    pub fn front_end_memory_bytes(&self) -> u64 {
+        match self.front_end_memory_limit {
+            Some(limit) => limit.0,
+            None => crate::memory::default_front_end_memory(crate::memory::machine_memory()),
+        }
+    }
+}
+
+/// `[executor]`: what each executor may use.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExecutorConfig {
+    /// Memory the queries running on one executor may hold together: sorts, aggregates and
+    /// joins above it spill to the work directory, or fail naming this setting. Bytes, or a
+    /// string such as `"8GiB"`. Default: 60 % of the machine's memory (or its container's
+    /// limit), divided among the executors of the process.
+    pub memory_limit: Option<ByteSize>,
+    /// The part of `memory_limit` one query (one task) may hold, more than 0 and at most 1:
+    /// a query's hash join cannot take memory the other queries on the executor need.
+    pub query_memory_fraction: f64,
+}
+
+impl Default for ExecutorConfig {
+    fn default() -> Self {
+        Self {
+            memory_limit: None,
+            query_memory_fraction: 0.5,
+        }
+    }
+}
+
+impl ExecutorConfig {
+    /// The memory limit of each of `executors` executors of one process, in bytes.
+    pub fn memory_limit_bytes(&self, executors: usize) -> u64 {
+        match self.memory_limit {
+            Some(limit) => limit.0,
+            None => {
+                crate::memory::default_executor_memory(crate::memory::machine_memory(), executors)
+            }
+        }
+    }
+}
+
+/// A size in bytes: an integer, or a string of a number and a unit — `B`, `KB`/`MB`/`GB`/
+/// `TB` (powers of 1000) or `KiB`/`MiB`/`GiB`/`TiB` (powers of 1024), e.g. `"8GiB"`,
+/// `"1.5 GB"`, `"512MiB"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ByteSize(pub u64);
+
+impl std::str::FromStr for ByteSize {
+    type Err = String;
+
+    fn from_str(text: &str) -> std::result::Result<Self, String> {
+        let bad = || {
+            format!(
+                "`{text}` is not a size: give bytes, or a number with a unit such as 512MiB, \
+                 8GiB or 2GB"
+            )
+        };
+        let trimmed = text.trim();
+        let split = trimmed
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(trimmed.len());
+        let (number, unit) = trimmed.split_at(split);
+        let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1,
+            "kb" => 1_000,
+            "mb" => 1_000_000,
+            "gb" => 1_000_000_000,
+            "tb" => 1_000_000_000_000,
+            "kib" => 1 << 10,
+            "mib" => 1 << 20,
+            "gib" => 1 << 30,
+            "tib" => 1 << 40,
+            _ => return Err(bad()),
+        };
+        if let Ok(whole) = number.parse::<u64>() {
+            return whole.checked_mul(scale).map(ByteSize).ok_or_else(bad);
+        }
+        let value = number.parse::<f64>().map_err(|_| bad())?;
+        let bytes = value * scale as f64;
+        if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
+            return Err(bad());
+        }
+        Ok(ByteSize(bytes as u64))
+    }
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} bytes", self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Bytes(u64),
+            Text(String),
+        }
+        match Raw::deserialize(d).map_err(|_| {
+            serde::de::Error::custom("expected a size: bytes, or a string such as \"8GiB\"")
+        })? {
+            Raw::Bytes(bytes) => Ok(ByteSize(bytes)),
+            Raw::Text(text) => interpolate_env(&text)
+                .map_err(serde::de::Error::custom)?
+                .parse()
+                .map_err(serde::de::Error::custom),
         }
     }
 }
@@ -398,6 +521,25 @@ impl BasinConfig {
                 ));
             }
         }
+        let fraction = self.executor.query_memory_fraction;
+        if !(fraction > 0.0 && fraction <= 1.0) {
+            return Err(format!(
+                "[executor] query_memory_fraction must be more than 0 and at most 1 (got {fraction})"
+            ));
+        }
+        for (key, limit) in [
+            ("[executor] memory_limit", self.executor.memory_limit),
+            (
+                "[server] front_end_memory_limit",
+                self.server.front_end_memory_limit,
+            ),
+        ] {
+            if limit.is_some_and(|l| l.0 < MIN_MEMORY_LIMIT) {
+                return Err(format!(
+                    "{key} must be at least 16MiB (sorts alone reserve 10 MiB to merge)"
+                ));
+            }
+        }
         if self.server.bind_host.trim().is_empty() {
             return Err("[server] bind_host must not be empty".to_string());
         }
@@ -421,6 +563,9 @@ impl fmt::Display for BasinConfig {
         write!(f, "{self:?}")
     }
 }
+
+/// The smallest memory limit accepted: DataFusion's sorts reserve 10 MiB up front.
+pub const MIN_MEMORY_LIMIT: u64 = 16 << 20;
 
 /// Turns a TOML error into one line: where, which catalog, what.
 fn describe_toml_error(text: &str, err: &toml::de::Error) -> String {
@@ -624,5 +769,73 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("Bad-Name"), "{err}");
+    }
+
+    #[test]
+    fn sizes_parse_with_decimal_and_binary_units() {
+        let size = |t: &str| t.parse::<ByteSize>().map(|b| b.0);
+        assert_eq!(size("1024"), Ok(1024));
+        assert_eq!(size("8GiB"), Ok(8 << 30));
+        assert_eq!(size("512 MiB"), Ok(512 << 20));
+        assert_eq!(size("2GB"), Ok(2_000_000_000));
+        assert_eq!(size("1.5gib"), Ok(3 << 29));
+        assert_eq!(size("10kb"), Ok(10_000));
+        assert_eq!(size("7B"), Ok(7));
+        for bad in ["", "GiB", "8 GiBs", "-1", "1e3", "99999999999TiB"] {
+            let err = size(bad).unwrap_err();
+            assert!(
+                err.contains("is not a size") && err.contains("8GiB"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn executor_memory_settings_and_their_defaults() {
+        let c = parse("").unwrap();
+        assert_eq!(c.executor.memory_limit, None);
+        assert_eq!(c.executor.query_memory_fraction, 0.5);
+        assert_eq!(c.server.front_end_memory_limit, None);
+        let machine = crate::memory::machine_memory();
+        assert_eq!(
+            c.executor.memory_limit_bytes(2),
+            crate::memory::default_executor_memory(machine, 2)
+        );
+        assert_eq!(
+            c.server.front_end_memory_bytes(),
+            crate::memory::default_front_end_memory(machine)
+        );
+
+        let c = parse(
+            "[server]\nfront_end_memory_limit = 33554432\n\
+             [executor]\nmemory_limit = \"2GiB\"\nquery_memory_fraction = 1.0\n",
+        )
+        .unwrap();
+        assert_eq!(c.executor.memory_limit_bytes(4), 2 << 30);
+        assert_eq!(c.executor.query_memory_fraction, 1.0);
+        assert_eq!(c.server.front_end_memory_bytes(), 32 << 20);
+
+        let err = parse("[executor]\nmemory_limit = \"lots\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("line 2") && err.contains("`lots` is not a size"),
+            "{err}"
+        );
+        let err = parse("[executor]\nmemory_limit = true\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("expected a size"), "{err}");
+        let err = parse("[executor]\nmemory_limit = \"1MiB\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("[executor] memory_limit must be at least"),
+            "{err}"
+        );
+        let err = parse("[executor]\nquery_memory_fraction = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("query_memory_fraction"), "{err}");
     }
 }

@@ -11,12 +11,13 @@
 
 pub mod config;
 pub mod error;
+pub mod memory;
 pub mod net;
 pub mod secret;
 
 pub use config::{
-    BasinConfig, CatalogConfig, FlightSqlConfig, IcebergCatalogConfig, IcebergCatalogKind,
-    S3Config, ServerConfig, SqlSourceConfig, StorageConfig, TlsMode,
+    BasinConfig, ByteSize, CatalogConfig, ExecutorConfig, FlightSqlConfig, IcebergCatalogConfig,
+    IcebergCatalogKind, S3Config, ServerConfig, SqlSourceConfig, StorageConfig, TlsMode,
 };
 pub use error::{BasinError, Result};
 pub use secret::Secret;

@@ -6,6 +6,7 @@
 //!  scheduler ──DoGet(BASIN-STAGE ticket: plan, partition, settings)──► executor
 //!            ◄──────────── Arrow batches, as the plan produces them ──────┘
 //!  others    ──DoGet(FetchPartition) / DoAction ──► Ballista's BallistaFlightService
+//!  scheduler ──DoAction(basin.query_memory) ──► bytes one query may hold here
 //! ```
 //!
 //! Dropping the response stream (the client went away, or the query was cancelled) drops
@@ -33,6 +34,7 @@ use ballista_executor::ArrowFlightServerProvider;
 use ballista_executor::flight_service::BallistaFlightService;
 use ballista_executor::shutdown::Shutdown;
 use basin_connectors::codec::decode_stage_ticket;
+use basin_core::memory::{MemoryBudget, QUERY_MEMORY_ACTION};
 use datafusion::error::DataFusionError;
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
@@ -59,6 +61,8 @@ pub(crate) struct StageRuntime {
     /// `host:port` of this executor, for the task log.
     pub name: String,
     pub log: Option<TaskLog>,
+    /// The executor's memory budget, whose per-query share the scheduler asks for.
+    pub memory: Arc<MemoryBudget>,
 }
 
 /// Ballista's Flight service with streamed stages added.
@@ -127,7 +131,10 @@ impl ExecutorFlight {
 
 /// The error as the user should read it: the message without DataFusion's kind prefix.
 fn stage_error(e: DataFusionError) -> Status {
-    Status::internal(e.message().into_owned())
+    match e.find_root() {
+        DataFusionError::ResourcesExhausted(_) => Status::resource_exhausted(e.message()),
+        _ => Status::internal(e.message().into_owned()),
+    }
 }
 
 #[tonic::async_trait]
@@ -199,6 +206,12 @@ impl FlightService for ExecutorFlight {
         &self,
         request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
+        if request.get_ref().r#type == QUERY_MEMORY_ACTION {
+            let share = arrow_flight::Result {
+                body: self.stages.memory.query_share().to_string().into(),
+            };
+            return Ok(Response::new(Box::pin(futures::stream::iter([Ok(share)]))));
+        }
         self.shuffle.do_action(request).await
     }
 

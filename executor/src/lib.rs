@@ -96,6 +96,7 @@ use ballista_core::{ConfigProducer, RuntimeProducer};
 use ballista_executor::executor_process::{ExecutorProcessConfig, start_executor_process};
 use basin_connectors::catalogs::runtime_env;
 use basin_connectors::codec::{logical_codec, physical_codec};
+use basin_core::memory::{MemoryBudget, MemoryOwner, show_bytes};
 use basin_core::net::{reserve_listener, reserve_port};
 use basin_core::{BasinConfig, BasinError, Result};
 use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
@@ -122,6 +123,8 @@ pub struct ExecutorOptions {
     pub task_slots: usize,
     /// Directory for shuffle and spill files (default: a fresh directory under the data dir).
     pub work_dir: Option<PathBuf>,
+    /// Bytes the tasks of this executor may hold together (`[executor] memory_limit`).
+    pub memory_limit: u64,
     /// Seconds to keep retrying the first connection to the scheduler.
     pub connect_timeout_seconds: u16,
     /// Seconds between heartbeats.
@@ -142,6 +145,7 @@ impl ExecutorOptions {
             scheduler_port,
             task_slots: config.server.executor_task_slots,
             work_dir: None,
+            memory_limit: config.executor.memory_limit_bytes(1),
             connect_timeout_seconds: 10,
             heartbeat_seconds: 10,
             task_log: None,
@@ -219,10 +223,23 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
                 .with_mode(DiskManagerMode::Directories(vec![work_dir.clone()])),
         )
         .build_arc()?;
-    let runtime_producer: RuntimeProducer = Arc::new(move |_| Ok(runtime.clone()));
+    let name = format!("{}:{flight}", options.external_host);
+    // One memory budget for all tasks, each task (a Ballista task, a streamed stage) its
+    // own share of it: see basin_core::memory.
+    let memory = Arc::new(MemoryBudget::new(
+        format!("executor {name}"),
+        MemoryOwner::Executor,
+        options.memory_limit,
+        config.executor.query_memory_fraction,
+    ));
+    let budget = memory.clone();
+    let runtime_producer: RuntimeProducer = Arc::new(move |_| {
+        RuntimeEnvBuilder::from_runtime_env(&runtime)
+            .with_memory_pool(budget.query_pool())
+            .build_arc()
+    });
     let config_producer: ConfigProducer = basin_config_producer();
     let functions = Arc::new(function_registry());
-    let name = format!("{}:{flight}", options.external_host);
     let flight_service = flight::provider(
         flight::StageRuntime {
             runtime: runtime_producer.clone(),
@@ -231,6 +248,7 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
             codec: physical_codec(),
             name: name.clone(),
             log: options.task_log.clone(),
+            memory: memory.clone(),
         },
         flight_listener,
     );
@@ -276,6 +294,8 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
         scheduler = %format!("{}:{}", options.scheduler_host, options.scheduler_port),
         slots,
         work_dir = %work_dir.display(),
+        memory_limit = %show_bytes(memory.limit()),
+        query_memory = %show_bytes(memory.query_share()),
         "Basin executor starting"
     );
     let process_config = Arc::new(process_config);

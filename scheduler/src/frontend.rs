@@ -30,6 +30,7 @@ use datafusion::error::Result;
 use datafusion::execution::SessionState;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::context::QueryPlanner;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::logical_expr::dml::InsertOp;
 use datafusion::logical_expr::{DmlStatement, Extension, LogicalPlan, WriteOp};
 use datafusion::logical_expr::{PlanType, StringifiedPlan, ToStringifiedPlan};
@@ -60,10 +61,15 @@ pub fn connect(
         task_slots.max(1)
     };
     let session_config = base_config().with_target_partitions(partitions);
+    // What runs here (merges of streamed results, writes to memory tables) is bounded too.
+    let base = runtime_env(config)?;
+    let runtime = RuntimeEnvBuilder::from_runtime_env(&base)
+        .with_memory_pool(crate::memory::front_end_pool(config))
+        .build_arc()?;
     let state = SessionStateBuilder::new()
         .with_default_features()
         .with_config(session_config)
-        .with_runtime_env(runtime_env(config)?)
+        .with_runtime_env(runtime)
         .build()
         .upgrade_for_ballista(scheduler_url.to_string())?;
     let cluster = cluster.filter(|_| config.server.streamed_stages);
@@ -295,22 +301,27 @@ impl BasinQueryPlanner {
             return Ok(streamed::stream_stage(physical, executors));
         }
         // Planned for the cores of the executor that will run it, with hash joins: the
-        // scans are bounded by `single_node_max_bytes`, so the build sides fit in memory
-        // (sort-merge joins, the cluster's default because they spill, were 2-7x slower
-        // on TPC-H SF1 joins).
+        // scans are bounded by `single_node_max_bytes` and by what one query may hold on
+        // that executor, so the build sides fit in memory (sort-merge joins, the cluster's
+        // default because they spill, were 2-7x slower on TPC-H SF1 joins). A hash join
+        // that still outgrows it fails naming `[executor] memory_limit`.
         let Some((executor, running)) = streamed::next_executor(executors) else {
             return Ok(None);
+        };
+        let max_bytes = match crate::memory::query_memory(executor).await {
+            Some(memory) => self.single_node_max_bytes.min(memory),
+            None => self.single_node_max_bytes,
         };
         let mut one_node = state.clone();
         let options = one_node.config_mut().options_mut();
         options.execution.target_partitions = (executor.task_slots as usize).max(1);
         options.optimizer.prefer_hash_join = true;
-        one_node_join_thresholds(&mut options.optimizer, self.single_node_max_bytes);
+        one_node_join_thresholds(&mut options.optimizer, max_bytes);
         let physical = self.local.create_physical_plan(plan, &one_node).await?;
         Ok(streamed::single_node(
             physical,
             (executor, running),
-            self.single_node_max_bytes,
+            max_bytes,
         ))
     }
 }
@@ -421,9 +432,11 @@ impl QueryPlanner for BasinQueryPlanner {
         } else {
             // Awkward table names survive the trip to the scheduler (see `portable_names`).
             let plan = portable_names(crate::prefilter::without_prefilters(logical_plan)?)?;
-            self.distributed
+            let job = self
+                .distributed
                 .create_physical_plan(&plan, session_state)
-                .await
+                .await?;
+            Ok(crate::job_errors::plain_job_errors(job))
         }
     }
 }
