@@ -11,6 +11,7 @@ use crate::prefilter::{PrefilterGroups, PrefilterScans};
 use crate::semijoin::PushDownSemiJoins;
 use crate::series::SeriesProjections;
 use crate::window::AggregateSubqueryAsWindow;
+use crate::volatile::{MarkVolatileSubqueries, UnmarkVolatileSubqueries};
 use async_trait::async_trait;
 use ballista_core::extension::{SessionConfigExt, SessionStateExt};
 use ballista_core::planner::BallistaQueryPlanner;
@@ -100,6 +101,8 @@ pub fn connect(
         .with_optimizer_rule(Arc::new(PrefilterGroups))
         .with_optimizer_rule(Arc::new(PushDownSemiJoins))
         .with_optimizer_rule(Arc::new(PrefilterScans))
+        .with_optimizer_rule(Arc::new(UnmarkVolatileSubqueries))
+        .with_analyzer_rule(Arc::new(MarkVolatileSubqueries))
         .with_physical_optimizer_rule(Arc::new(SeriesProjections))
         .with_physical_optimizer_rule(Arc::new(crate::empty_projections::EmptyProjectionsTravel))
         .build();

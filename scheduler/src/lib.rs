@@ -29,6 +29,7 @@ pub mod streamed;
 #[cfg(test)]
 mod testing;
 pub mod views;
+pub mod volatile;
 pub mod window;
 
 pub use frontend::connect;
