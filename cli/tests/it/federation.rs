@@ -13,14 +13,14 @@ use std::time::Duration;
 
 use crate::{RunWithin, in_ci, scratch_dir, stderr, stdout};
 
-struct Servers {
-    pg_url: String,
-    pg_log: PathBuf,
-    my_url: String,
-    my_log: PathBuf,
+pub(crate) struct Servers {
+    pub(crate) pg_url: String,
+    pub(crate) pg_log: PathBuf,
+    pub(crate) my_url: String,
+    pub(crate) my_log: PathBuf,
 }
 
-fn servers(test: &str) -> Option<Servers> {
+pub(crate) fn servers(test: &str) -> Option<Servers> {
     let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
     match (
         var("BASIN_TEST_PG_URL"),
@@ -66,12 +66,12 @@ fn with_stdin(program: &str, args: &[&str], input: &str) -> Output {
 }
 
 /// What a server wrote to its statement log `log` after byte `before`.
-fn log_since(log: &Path, before: u64) -> String {
+pub(crate) fn log_since(log: &Path, before: u64) -> String {
     let bytes = std::fs::read(log).unwrap_or_default();
     String::from_utf8_lossy(&bytes[(before as usize).min(bytes.len())..]).to_string()
 }
 
-fn psql(url: &str, sql: &str) -> String {
+pub(crate) fn psql(url: &str, sql: &str) -> String {
     let out = with_stdin(
         "psql",
         &[url, "-v", "ON_ERROR_STOP=1", "-q", "-A", "-t"],
@@ -82,7 +82,7 @@ fn psql(url: &str, sql: &str) -> String {
 }
 
 /// Runs SQL on MariaDB with the `mariadb` client (URL mysql://user:pw@host:port/db).
-fn mariadb(url: &str, sql: &str) -> String {
+pub(crate) fn mariadb(url: &str, sql: &str) -> String {
     let rest = url.strip_prefix("mysql://").expect("mysql URL");
     let (creds, rest) = rest.split_once('@').expect("user@host");
     let (user, password) = creds.split_once(':').unwrap_or((creds, ""));
@@ -714,13 +714,13 @@ fn mysql_type_matrix() {
 }
 
 /// Starts `basin scheduler` and two `basin executor` processes with `config`.
-struct Cluster {
+pub(crate) struct Cluster {
     children: Vec<Child>,
     flight: u16,
 }
 
 impl Cluster {
-    fn start(dir: &Path, config: &Path) -> Self {
+    pub(crate) fn start(dir: &Path, config: &Path) -> Self {
         let port = |_: ()| {
             std::net::TcpListener::bind("127.0.0.1:0")
                 .unwrap()
@@ -771,7 +771,7 @@ impl Cluster {
         Self { children, flight }
     }
 
-    fn sql(&self, sql: &str) -> Output {
+    pub(crate) fn sql(&self, sql: &str) -> Output {
         Command::new(env!("CARGO_BIN_EXE_basin"))
             .args([
                 "sql",

@@ -2,6 +2,7 @@
 
 mod federation;
 mod iceberg;
+mod names;
 mod memory;
 mod s3;
 mod shell;
