@@ -65,21 +65,12 @@ def _basin(reason: str) -> dict[str, str]:
     return {e: reason for e in BASIN_ENGINES}
 
 
-_STATS_PANIC = ("debug build: panic 'attempt to subtract with overflow' at "
-                "datafusion-physical-plan joins/utils.rs:725 while planning: a join estimated at "
-                "Exact(0) rows keeps its inputs' null counts, which the join above subtracts "
-                "from 0 (apache/datafusion#22413, #22743); the client sees a cancelled stream")
-
 # Queries that fail today, engine by engine, and why, as CI finds them (SF 0.1, debug build):
 # CI reports them, fails on any failure not listed here and on a listed one that passes —
 # whoever fixes one takes it off in the same commit. The aim is an empty list. Taken off
-# since the list began (2026-12-06): Q9 (068d9c7), Q71 (4dc7a1c).
-KNOWN_FAILURES: dict[int, dict[str, str]] = {
-    1: _basin(_STATS_PANIC),
-    14: _basin(_STATS_PANIC),
-    24: _basin(_STATS_PANIC),
-    95: _basin(_STATS_PANIC),
-}
+# since the list began (2026-12-06): Q9 (068d9c7), Q71 (4dc7a1c); Q1, Q14, Q24, Q95 (the
+# debug-build panic on join statistics: Iceberg scans give no nonzero null counts).
+KNOWN_FAILURES: dict[int, dict[str, str]] = {}
 
 
 def known(n: int, engine: str) -> str | None:

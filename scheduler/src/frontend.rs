@@ -83,6 +83,7 @@ pub fn connect(
     // Build sides by rows right after DataFusion's join selection, before distribution and
     // sorting are settled around them.
     let mut physical_rules = state.physical_optimizers().to_vec();
+    crate::aggregate_statistics::answer_from_scans_only(&mut physical_rules);
     let after_join_selection = physical_rules
         .iter()
         .position(|rule| rule.name() == "join_selection")

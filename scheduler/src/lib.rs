@@ -11,6 +11,7 @@
 //! ```
 
 pub mod flight_sql;
+pub mod aggregate_statistics;
 pub mod distinct;
 pub mod empty_projections;
 pub mod frontend;

@@ -61,6 +61,7 @@ pub fn session_builder(runtime: Arc<RuntimeEnv>) -> SessionBuilder {
         crate::distinct::keep_distinct_types(&mut rules);
         let mut builder = SessionStateBuilder::new().with_default_features();
         *builder.optimizer() = Some(Optimizer::with_rules(rules));
+        *builder.physical_optimizers() = Some(crate::aggregate_statistics::physical_optimizer());
         Ok(builder
             .with_config(config)
             .with_runtime_env(runtime.clone())

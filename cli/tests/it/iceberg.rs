@@ -473,3 +473,63 @@ fn a_union_of_columns_from_different_tables_joins_a_dimension() {
         "brand,total\na,11.50\nb,2.25\nc,4.00\n"
     );
 }
+
+#[test]
+fn joins_above_a_join_estimated_empty_are_planned() {
+    // TPC-DS Q94's shape: the sites are filtered to no file, so the first join is estimated
+    // at no rows, which DataFusion 53 makes an exact 0 (apache/datafusion#22413); the joins
+    // above it once subtracted the sales keys' null counts from that 0 and the planner
+    // panicked ("attempt to subtract with overflow" in debug builds).
+    let data = scratch_dir("lake-empty-join");
+    ok(
+        &data,
+        "CREATE SCHEMA lake.z; \
+         CREATE TABLE lake.z.sales (site BIGINT, day BIGINT, item BIGINT, amount BIGINT); \
+         CREATE TABLE lake.z.site (id BIGINT, name VARCHAR); \
+         CREATE TABLE lake.z.day (id BIGINT); \
+         CREATE TABLE lake.z.item (id BIGINT); \
+         INSERT INTO lake.z.sales VALUES (1, 10, 1, 5), (1, NULL, 2, 7), (1, 11, NULL, 3); \
+         INSERT INTO lake.z.site VALUES (1, 'abc'); \
+         INSERT INTO lake.z.day VALUES (10), (11); \
+         INSERT INTO lake.z.item VALUES (1), (2)",
+    );
+    let joins = "FROM sales, site, day, item WHERE sales.site = site.id \
+                 AND sales.day = day.id AND sales.item = item.id";
+    for (name, rows) in [("pri", "0,\n"), ("abc", "1,5\n")] {
+        assert_eq!(
+            ok(
+                &data,
+                &format!(
+                    "USE lake.z; SELECT count(*) AS n, sum(amount) AS total {joins} \
+                     AND site.name = '{name}'"
+                ),
+            ),
+            format!("n,total\n{rows}"),
+            "{name}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+#[test]
+fn a_count_over_a_semi_join_is_counted() {
+    // The semi join's first columns do not meet (`a.x` 100..200, `b.k` 1..2): DataFusion 53
+    // estimates no rows from that (apache/datafusion#22673), made the estimate exact, and
+    // answered the count from it: 0.
+    let data = scratch_dir("lake-semi-count");
+    ok(
+        &data,
+        "CREATE SCHEMA lake.t; \
+         CREATE TABLE lake.t.a AS SELECT * FROM (VALUES (100, 1), (150, 2), (200, 3)) AS v(x, k); \
+         CREATE TABLE lake.t.b AS SELECT * FROM (VALUES (1), (2)) AS v(k)",
+    );
+    assert_eq!(
+        ok(
+            &data,
+            "SELECT count(*) AS n FROM \
+             (SELECT DISTINCT x FROM lake.t.a WHERE k IN (SELECT k FROM lake.t.b))",
+        ),
+        "n\n2\n"
+    );
+    let _ = std::fs::remove_dir_all(&data);
+}
