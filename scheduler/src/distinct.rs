@@ -141,7 +141,11 @@ mod tests {
                 "DataFusion's rewrite still applies:\n{}",
                 plan.display_indent()
             );
-            assert_eq!(plan.schema().as_arrow().fields(), declared.fields(), "{sql}");
+            assert_eq!(
+                plan.schema().as_arrow().fields(),
+                declared.fields(),
+                "{sql}"
+            );
             let physical = df.clone().create_physical_plan().await.unwrap();
             let batches = df.collect().await.unwrap();
             for batch in &batches {
