@@ -59,6 +59,10 @@ pub const FRONT_END_SHARE: f64 = 0.10;
 /// one executor against it.
 pub const QUERY_MEMORY_ACTION: &str = "basin.query_memory";
 
+/// How every error of a full memory pool begins (what the scheduler recognizes when an
+/// executor's error reaches it as text).
+pub const NEEDS_MORE_MEMORY: &str = "query needs more memory than";
+
 /// Assumed machine memory where it cannot be read (not Linux): 8 GiB.
 const UNKNOWN_MACHINE_MEMORY: u64 = 8 << 30;
 
@@ -206,7 +210,7 @@ impl MemoryBudget {
             MemoryOwner::FrontEnd => "front_end_memory_limit",
         };
         format!(
-            "query needs more memory than {} allows it: {} per query ({} of its {kind} of {}); \
+            "{NEEDS_MORE_MEMORY} {} allows it: {} per query ({} of its {kind} of {}); \
              {setting}, or make the query smaller",
             self.name,
             show_bytes(self.query_share),

@@ -10,8 +10,8 @@ use crate::notin::NotInAsAntiJoin;
 use crate::prefilter::{PrefilterGroups, PrefilterScans};
 use crate::semijoin::PushDownSemiJoins;
 use crate::series::SeriesProjections;
-use crate::window::AggregateSubqueryAsWindow;
 use crate::volatile::{MarkVolatileSubqueries, UnmarkVolatileSubqueries};
+use crate::window::AggregateSubqueryAsWindow;
 use async_trait::async_trait;
 use ballista_core::extension::{SessionConfigExt, SessionStateExt};
 use ballista_core::planner::BallistaQueryPlanner;
@@ -322,11 +322,12 @@ impl BasinQueryPlanner {
         options.optimizer.prefer_hash_join = true;
         one_node_join_thresholds(&mut options.optimizer, max_bytes);
         let physical = self.local.create_physical_plan(plan, &one_node).await?;
-        Ok(streamed::single_node(
-            physical,
-            (executor, running),
-            max_bytes,
-        ))
+        let Some(one_node) = streamed::single_node(physical, (executor, running), max_bytes) else {
+            return Ok(None);
+        };
+        // Hash joins cannot spill: one that outgrows the executor runs again as a job.
+        let job = self.plan_job(plan, state).await?;
+        Ok(Some(crate::memory::or_as_job(one_node, job)))
     }
 }
 
@@ -434,14 +435,22 @@ impl QueryPlanner for BasinQueryPlanner {
         } else if let Some(plan) = self.explain_streamed(logical_plan, session_state).await? {
             Ok(plan)
         } else {
-            // Awkward table names survive the trip to the scheduler (see `portable_names`).
-            let plan = portable_names(crate::prefilter::without_prefilters(logical_plan)?)?;
-            let job = self
-                .distributed
-                .create_physical_plan(&plan, session_state)
-                .await?;
-            Ok(crate::job_errors::plain_job_errors(job))
+            self.plan_job(logical_plan, session_state).await
         }
+    }
+}
+
+impl BasinQueryPlanner {
+    /// `plan` as a Ballista job.
+    async fn plan_job(
+        &self,
+        plan: &LogicalPlan,
+        state: &SessionState,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        // Awkward table names survive the trip to the scheduler (see `portable_names`).
+        let plan = portable_names(crate::prefilter::without_prefilters(plan)?)?;
+        let job = self.distributed.create_physical_plan(&plan, state).await?;
+        Ok(crate::job_errors::plain_job_errors(job))
     }
 }
 

@@ -10,6 +10,12 @@
 //! executor's Flight port once (cached by executor id: ids are new for every start) what
 //! one query may hold there; an executor that does not answer is checked against
 //! `single_node_max_bytes` alone.
+//!
+//! That check reads the scans' estimate (for Iceberg, compressed Parquet bytes), which says
+//! little about what hash joins build: TPC-DS SF1 Q72 scans ~280 MB, and its single-executor
+//! plan outgrew a 3.5 GiB share with one 2.1 GB build side (before pools, an executor grew to
+//! 23 GB). A query that runs out of memory on one executor before sending a row therefore
+//! runs again as a Ballista job ([`or_as_job`]), whose sort-merge joins and aggregates spill.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -18,8 +24,15 @@ use std::time::Duration;
 use arrow_flight::Action;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use basin_core::BasinConfig;
-use basin_core::memory::{MemoryBudget, MemoryOwner, QUERY_MEMORY_ACTION};
+use basin_core::memory::{MemoryBudget, MemoryOwner, NEEDS_MORE_MEMORY, QUERY_MEMORY_ACTION};
+use datafusion::arrow::array::RecordBatch;
+use datafusion::error::{DataFusionError, Result as DFResult};
 use datafusion::execution::memory_pool::MemoryPool;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 
 use crate::server::ExecutorInfo;
 
@@ -88,4 +101,93 @@ async fn ask(executor: &ExecutorInfo) -> Option<u64> {
 
 fn lock(answers: &Answers) -> std::sync::MutexGuard<'_, HashMap<String, Option<u64>>> {
     answers.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `one_node` (a query run whole on one executor), which runs again as `job` (the same
+/// query as a Ballista job, whose sort-merge joins and aggregates spill) when the executor
+/// runs out of memory for it before it sent a row.
+pub(crate) fn or_as_job(
+    one_node: Arc<dyn ExecutionPlan>,
+    job: Arc<dyn ExecutionPlan>,
+) -> Arc<dyn ExecutionPlan> {
+    Arc::new(OrAsJobExec { one_node, job })
+}
+
+/// See [`or_as_job`]. EXPLAIN shows the plan that runs first; the job is planned but only
+/// submitted when it is needed.
+#[derive(Debug)]
+struct OrAsJobExec {
+    one_node: Arc<dyn ExecutionPlan>,
+    job: Arc<dyn ExecutionPlan>,
+}
+
+impl DisplayAs for OrAsJobExec {
+    fn fmt_as(&self, _: DisplayFormatType, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "OrAsJobExec: as a Ballista job if the executor runs out of memory"
+        )
+    }
+}
+
+impl ExecutionPlan for OrAsJobExec {
+    fn name(&self) -> &str {
+        "OrAsJobExec"
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        self.one_node.properties()
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.one_node]
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> DFResult<Arc<dyn ExecutionPlan>> {
+        match (children.pop(), children.is_empty()) {
+            (Some(one_node), true) => Ok(or_as_job(one_node, self.job.clone())),
+            _ => Err(DataFusionError::Internal(
+                "OrAsJobExec takes one child".to_string(),
+            )),
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> DFResult<SendableRecordBatchStream> {
+        let schema = self.one_node.schema();
+        let mut first = self.one_node.execute(partition, context.clone())?;
+        let job = self.job.clone();
+        let started = async move {
+            let stream: BoxStream<'static, DFResult<RecordBatch>> = match first.next().await {
+                Some(Err(e)) if out_of_memory(&e) => {
+                    tracing::info!(error = %e, "a query ran out of memory on one executor: running it as a Ballista job");
+                    Box::pin(job.execute(partition, context)?)
+                }
+                Some(item) => Box::pin(futures::stream::once(async { item }).chain(first)),
+                None => Box::pin(futures::stream::empty()),
+            };
+            Ok::<_, DataFusionError>(stream)
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            schema,
+            futures::stream::once(started).try_flatten(),
+        )))
+    }
+}
+
+/// Whether `e` is an executor's memory error: a `ResourcesExhausted`, or its text where a
+/// streamed stage passed it on as the executor's message.
+fn out_of_memory(e: &DataFusionError) -> bool {
+    matches!(e.find_root(), DataFusionError::ResourcesExhausted(_))
+        || e.to_string().contains(NEEDS_MORE_MEMORY)
 }

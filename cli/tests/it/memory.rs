@@ -10,8 +10,15 @@ use crate::{Scratch, basin, scratch_dir, stderr, stdout};
 /// A running `basin standalone` and its data directory, removed once it is stopped.
 struct Server {
     child: Child,
-    _data: Scratch,
+    data: Scratch,
     url: String,
+}
+
+impl Server {
+    /// What the server logged so far.
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.data.join("basin.log")).unwrap_or_default()
+    }
 }
 
 impl Drop for Server {
@@ -36,6 +43,7 @@ fn start(toml: &str) -> Server {
         .arg("--config")
         .arg(&config)
         .env("BASIN_DATA_DIR", data.join("data"))
+        .env("BASIN_LOG_FILE", data.join("basin.log"))
         .env_remove("BASIN_EXECUTOR_MEMORY_LIMIT")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -44,7 +52,7 @@ fn start(toml: &str) -> Server {
         .expect("start basin standalone");
     let server = Server {
         child,
-        _data: data,
+        data,
         url: format!("grpc://127.0.0.1:{port}"),
     };
     let begun = Instant::now();
@@ -99,6 +107,19 @@ fn a_small_memory_limit_spills_what_can_spill_and_fails_the_rest_plainly() {
     .unwrap_or_else(|e| panic!("the sort should spill and finish: {e}"));
     assert!(spills(&plan, "SortExec").iter().any(|n| *n > 0), "{plan}");
     assert!(plan.contains("output_rows=600.6 K"), "{plan}");
+
+    // The same sort planned whole for the executor (its scans' estimate fits a query's
+    // share) fails there, its sorts unable to hold a batch beside the 10 MiB each reserves
+    // for merging: it runs again as a Ballista job, and finishes.
+    let sorted = query(
+        &server,
+        "SELECT count(*) AS n, max(r) AS r FROM (SELECT row_number() OVER \
+         (ORDER BY l_comment, l_orderkey) AS r FROM tpch.sf0_1.lineitem)",
+    )
+    .unwrap_or_else(|e| panic!("the sort should finish as a Ballista job: {e}"));
+    assert_eq!(sorted, "n,r\n600572,600572\n");
+    let log = server.log();
+    assert!(log.contains("running it as a Ballista job"), "{log}");
 
     // A hash join whose build side needs more than a query's 32 MiB cannot spill: it fails,
     // naming the executor's limit and the setting to raise, in one piece.
