@@ -10,14 +10,15 @@
 //!  one-stage queries ─► streamed::StreamedStageExec ─► executors stream batches back
 //! ```
 
-pub mod flight_sql;
 pub mod aggregate_statistics;
 pub mod distinct;
 pub mod empty_projections;
+pub mod flight_sql;
 pub mod frontend;
 mod job_errors;
 pub mod joins;
 pub mod limits;
+mod liveness;
 mod memory;
 pub mod notin;
 pub mod prefilter;

@@ -27,7 +27,9 @@ pub struct SchedulerOptions {
     pub port: u16,
     /// Host name executors and clients use to reach this scheduler.
     pub external_host: String,
-    /// Seconds without a heartbeat after which an executor is considered lost.
+    /// Seconds without a heartbeat after which Ballista drops an executor (and tells it to
+    /// stop). An executor that died is dropped sooner, by Basin's probes
+    /// ([`crate::liveness`]); this is for one that hangs with its port open.
     pub executor_timeout_seconds: u64,
 }
 
@@ -49,6 +51,8 @@ pub struct SchedulerHandle {
     pub addr: SocketAddr,
     server: SchedulerServer<LogicalPlanNode, PhysicalPlanNode>,
     task: JoinHandle<()>,
+    /// Probes the executors ([`crate::liveness`]).
+    probes: JoinHandle<()>,
 }
 
 /// A cheap, clonable view of the cluster's executors.
@@ -69,9 +73,10 @@ impl ClusterView {
 }
 
 impl ClusterView {
-    /// The executors that take work now: registered and not shutting down.
+    /// The executors that take work now: registered, not shutting down, and not taken out
+    /// of placement for failing a connection or probes ([`crate::liveness`]).
     pub async fn active_executors(&self) -> Vec<ExecutorInfo> {
-        self.executors(true).await
+        crate::streamed::answering(self.executors(true).await)
     }
 
     /// The registered executors; with `active_only`, those not shutting down.
@@ -235,12 +240,13 @@ impl SchedulerHandle {
     /// Stops the scheduler.
     pub fn stop(&self) {
         self.task.abort();
+        self.probes.abort();
     }
 }
 
 impl Drop for SchedulerHandle {
     fn drop(&mut self) {
-        self.task.abort();
+        self.stop();
     }
 }
 
@@ -257,6 +263,8 @@ pub async fn start(config: Arc<BasinConfig>, options: SchedulerOptions) -> Resul
         .with_override_session_builder(session_builder(runtime));
     scheduler_config.bind_host = options.bind_host.clone();
     scheduler_config.executor_timeout_seconds = options.executor_timeout_seconds;
+    // Heartbeats are checked every 5 s instead of 15: a hung executor goes within 65 s.
+    scheduler_config.expire_dead_executor_interval_seconds = 5;
     // Ballista deletes a job's shuffle files this long after the job finishes, even while a
     // client still streams the final stage (its default of 300 s cut off a 60-million-row
     // result). Keep them for an hour.
@@ -292,7 +300,13 @@ pub async fn start(config: Arc<BasinConfig>, options: SchedulerOptions) -> Resul
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tracing::info!(%addr, "Basin scheduler listening");
-    Ok(SchedulerHandle { addr, server, task })
+    let probes = crate::liveness::watch(server.clone());
+    Ok(SchedulerHandle {
+        addr,
+        server,
+        task,
+        probes,
+    })
 }
 
 /// Serves the scheduler's gRPC API and its REST API (`/api/...`) on `addr`, as Ballista's

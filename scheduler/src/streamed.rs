@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arrow_flight::decode::FlightRecordBatchStream;
 use arrow_flight::error::FlightError;
@@ -121,11 +121,15 @@ pub(crate) fn may_run_on_one_node(plan: &LogicalPlan) -> bool {
     !needs_more(plan, &[Needs::OneStage, Needs::Exchange])
 }
 
-/// The queries running whole on each executor (by id), and the executor given the last one.
+/// The queries running whole on each executor (by id), the executor given the last one, and
+/// the executors taken out of placement because they stopped answering.
 #[derive(Default)]
 struct Placement {
     running: HashMap<String, usize>,
     last: Option<String>,
+    /// Executors that failed a connection or a probe, and when: no query or partition goes
+    /// to them until a probe started after that answers ([`crate::liveness`]).
+    out: HashMap<String, Instant>,
 }
 
 static PLACEMENT: LazyLock<Mutex<Placement>> = LazyLock::new(Mutex::default);
@@ -138,6 +142,9 @@ fn placement() -> std::sync::MutexGuard<'static, Placement> {
 /// dropped.
 pub(crate) struct Running {
     executor: String,
+    /// The executors it was placed among: where it goes if its executor is lost before it
+    /// sent a row.
+    among: Arc<[ExecutorInfo]>,
 }
 
 impl Drop for Running {
@@ -154,8 +161,9 @@ impl Placement {
         turn: &AtomicUsize,
     ) -> Option<&'a ExecutorInfo> {
         let running = |e: &ExecutorInfo| self.running.get(&e.id).copied().unwrap_or(0);
-        let fewest = executors.iter().map(running).min()?;
-        let idle: Vec<&ExecutorInfo> = executors.iter().filter(|e| running(e) == fewest).collect();
+        let answering = || executors.iter().filter(|e| !self.out.contains_key(&e.id));
+        let fewest = answering().map(running).min()?;
+        let idle: Vec<&ExecutorInfo> = answering().filter(|e| running(e) == fewest).collect();
         let last = self.last.as_deref();
         let chosen = match idle.iter().find(|e| last == Some(e.id.as_str())) {
             Some(last) => *last,
@@ -174,6 +182,98 @@ impl Placement {
             }
         }
     }
+
+    /// Takes executor `id` out of placement from `at` on; false when it already was.
+    fn take_out(&mut self, id: &str, at: Instant) -> bool {
+        match self.out.get_mut(id) {
+            Some(since) => {
+                *since = (*since).max(at);
+                false
+            }
+            None => {
+                self.out.insert(id.to_string(), at);
+                true
+            }
+        }
+    }
+
+    /// Puts executor `id` back when it answered a probe started at `probed_at`, at least
+    /// [`OUT_AT_LEAST`] after it was taken out (an older probe's answer says nothing about
+    /// the failure); true when it was out.
+    fn put_back(&mut self, id: &str, probed_at: Instant) -> bool {
+        match self.out.get(id) {
+            Some(since) if *since + OUT_AT_LEAST <= probed_at => {
+                self.out.remove(id);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Forgets executors out since before `before` that are no longer `registered`: they
+    /// were removed from the cluster and a new start registers under a new id.
+    fn forget(&mut self, registered: &dyn Fn(&str) -> bool, before: Instant) {
+        self.out
+            .retain(|id, since| registered(id) || *since >= before);
+    }
+}
+
+/// How long an executor stays out of placement at least. A killed process resets its
+/// connections before the kernel closes its listening socket: a probe at that moment is
+/// still accepted (seen in `cli/tests/it/liveness.rs` with two clusters on two cores).
+const OUT_AT_LEAST: Duration = Duration::from_secs(1);
+
+/// Signals that an executor was taken out, for the streams running on it and the probes.
+static LOSSES: LazyLock<tokio::sync::watch::Sender<u64>> =
+    LazyLock::new(|| tokio::sync::watch::Sender::new(0));
+
+/// Changes whenever an executor is taken out of placement.
+pub(crate) fn losses() -> tokio::sync::watch::Receiver<u64> {
+    LOSSES.subscribe()
+}
+
+/// Takes `executor` out of placement at once (it failed a connection or probes, `why`): no
+/// query or partition goes to it until a probe started later answers, and partitions
+/// streaming from it stop waiting. Returns false when it already was out.
+pub(crate) fn executor_lost(executor: &ExecutorInfo, why: &dyn fmt::Display) -> bool {
+    let newly = placement().take_out(&executor.id, Instant::now());
+    if newly {
+        tracing::warn!(
+            executor = %executor.id,
+            at = %format!("{}:{}", executor.host, executor.port),
+            %why,
+            "executor taken out of placement until it answers again"
+        );
+        LOSSES.send_modify(|n| *n = n.wrapping_add(1));
+    }
+    newly
+}
+
+/// Executor `id` answered a probe started at `probed_at`: it takes queries again if it was
+/// taken out before.
+pub(crate) fn executor_answers(id: &str, probed_at: Instant) {
+    if placement().put_back(id, probed_at) {
+        tracing::info!(executor = %id, "executor answers again: back in placement");
+    }
+}
+
+/// Whether executor `id` is out of placement.
+pub(crate) fn is_out(id: &str) -> bool {
+    placement().out.contains_key(id)
+}
+
+/// `executors` without those out of placement.
+pub(crate) fn answering(mut executors: Vec<ExecutorInfo>) -> Vec<ExecutorInfo> {
+    let placement = placement();
+    executors.retain(|e| !placement.out.contains_key(&e.id));
+    executors
+}
+
+/// Forgets executors taken out more than `after` ago that `registered` no longer knows.
+pub(crate) fn forget_lost(registered: &dyn Fn(&str) -> bool, after: Duration) {
+    if let Some(before) = Instant::now().checked_sub(after) {
+        placement().forget(registered, before);
+    }
 }
 
 /// The executor for the next query that runs whole on one: one of those running the fewest
@@ -182,11 +282,12 @@ impl Placement {
 /// slower, mostly the kernel clearing pages the allocator asks for, and the allocator keeps
 /// what the last queries freed. Taking turns gave each executor half the runs, so queries run
 /// one after another met cold executors twice as long.) Otherwise they take turns. `None`
-/// without executors.
+/// without executors that answer (executors taken out by [`executor_lost`] are passed over).
 pub(crate) fn next_executor(executors: &[ExecutorInfo]) -> Option<(&ExecutorInfo, Arc<Running>)> {
     let chosen = placement().choose(executors, &NEXT_EXECUTOR)?;
     let running = Running {
         executor: chosen.id.clone(),
+        among: executors.into(),
     };
     Some((chosen, Arc::new(running)))
 }
@@ -445,13 +546,16 @@ impl ExecutionPlan for StreamedStageExec {
 impl StreamedStageExec {
     /// The Flight messages of `partition` as its executor encoded them (schema first, then
     /// record batches), for [`StreamedStageExec::execute`] to decode or for a result that
-    /// is passed on to the client unchanged ([`relayable`]).
+    /// is passed on to the client unchanged ([`relayable`]). An executor lost before the
+    /// partition sent a row (it cannot be reached, its stream broke and it no longer
+    /// answers, or the probes took it out meanwhile) is taken out of placement and the
+    /// partition runs once more on another executor; lost after a row, the stream fails
+    /// naming the executor.
     pub(crate) fn flight(
         &self,
         partition: usize,
         context: Arc<TaskContext>,
     ) -> BoxStream<'static, Result<FlightData>> {
-        let executor = self.executor(partition).clone();
         let task = TaskDefinition {
             job_id: self.id.clone(),
             partition_id: partition as u32,
@@ -461,58 +565,260 @@ impl StreamedStageExec {
             ..Default::default()
         };
         let ticket = Ticket::new(encode_stage_ticket(&task));
-        let id = self.id.clone();
-        let fetch = async move {
-            let at = format!("{}:{}", executor.host, executor.port);
-            let failed = move |what: &str, e: &dyn fmt::Display| {
-                DataFusionError::Execution(format!(
-                    "{id} partition {partition} on executor {at}: {what}: {e}"
-                ))
-            };
-            let endpoint = tonic::transport::Endpoint::from_shared(format!(
-                "http://{}:{}",
-                executor.host, executor.port
-            ))
-            .map_err(|e| failed("bad executor address", &e))?
+        let fallback = match &self.running {
+            Some(running) => Fallback::OneExecutor(running.clone()),
+            None => Fallback::Spread(self.executors.clone()),
+        };
+        let fetch: Fetch = Arc::new(move |executor| fetch(executor, ticket.clone()));
+        PartitionStream::new(
+            format!("{} partition {partition}", self.id),
+            self.executor(partition).clone(),
+            self.running.clone(),
+            fallback,
+            fetch,
+        )
+        .into_stream()
+    }
+}
+
+/// Why a partition's stream failed. `lost`: the executor could not be reached or the
+/// connection to it broke (an error of this process's HTTP/2 client, which carries its
+/// cause), rather than an error the executor sent (a source's, a bad plan: no cause).
+struct Failed {
+    error: DataFusionError,
+    lost: bool,
+}
+
+impl Failed {
+    fn lost(what: &str, e: &dyn fmt::Display) -> Self {
+        Self {
+            error: DataFusionError::Execution(format!("{what}: {e}")),
+            lost: true,
+        }
+    }
+
+    fn status(status: tonic::Status) -> Self {
+        use std::error::Error;
+        let lost = status.source().is_some() || status.code() == tonic::Code::Unavailable;
+        Self {
+            error: DataFusionError::Execution(status.message().into()),
+            lost,
+        }
+    }
+}
+
+/// Opens a partition's stream on an executor.
+type Fetch = Arc<
+    dyn Fn(&ExecutorInfo) -> BoxStream<'static, std::result::Result<FlightData, Failed>>
+        + Send
+        + Sync,
+>;
+
+/// Runs the ticket's partition on `executor` and streams its Flight messages.
+fn fetch(
+    executor: &ExecutorInfo,
+    ticket: Ticket,
+) -> BoxStream<'static, std::result::Result<FlightData, Failed>> {
+    let address = format!("http://{}:{}", executor.host, executor.port);
+    let fetch = async move {
+        let endpoint = tonic::transport::Endpoint::from_shared(address)
+            .map_err(|e| Failed::lost("bad executor address", &e))?
             .tcp_nodelay(true)
             // A partition streams up to gigabytes: frames of up to 1 MiB, not HTTP/2's
             // 16 KiB (64 per record batch). Windows stay hyper's (2 MiB per stream): they
             // bound what a slow client makes this process buffer per partition.
             .max_frame_size(STREAM_FRAME_BYTES)
             // An executor whose host vanished (no reset, no more packets) fails the query
-            // after a minute instead of holding it.
+            // within 30 s instead of holding it (sooner when the probes take it out). An
+            // executor busy with the partition still answers pings: its connection's task
+            // answers them, not the plan's, whenever one of its runtime's threads is free.
             .connect_timeout(Duration::from_secs(10))
-            .http2_keep_alive_interval(Duration::from_secs(30))
-            .keep_alive_timeout(Duration::from_secs(30));
-            let channel = endpoint
-                .connect()
-                .await
-                .map_err(|e| failed("cannot connect (is the executor running?)", &e))?;
-            let mut client = FlightServiceClient::new(channel)
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES);
-            let response = client
-                .do_get(ticket)
-                .await
-                .map_err(|status| match status.code() {
-                    tonic::Code::Unavailable => failed("unavailable", &status.message()),
-                    _ => DataFusionError::Execution(status.message().into()),
-                })?;
-            // The executor's own words (a source's error, a bad plan, a lost connection).
-            let messages = response
-                .into_inner()
-                .map_err(|status| DataFusionError::Execution(status.message().into()));
-            Ok::<_, DataFusionError>(messages)
-        };
-        let running = self.running.clone();
-        futures::stream::once(fetch)
-            .try_flatten()
-            // Counted as running until its last message.
-            .inspect(move |_| {
-                let _ = &running;
-            })
-            .boxed()
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(20));
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(|e| Failed::lost("cannot connect (is the executor running?)", &e))?;
+        let mut client = FlightServiceClient::new(channel)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        let response = client.do_get(ticket).await.map_err(Failed::status)?;
+        // The executor's own words (a source's error, a bad plan), or a broken connection.
+        let messages = response.into_inner().map_err(Failed::status);
+        Ok::<_, Failed>(messages)
+    };
+    futures::stream::once(fetch).try_flatten().boxed()
+}
+
+/// Where a partition goes when its executor is lost before it sent a row.
+enum Fallback {
+    /// A query placed whole on one executor: the next executor placement picks among those
+    /// it was placed among.
+    OneExecutor(Arc<Running>),
+    /// A partition of a stage spread over these executors: the next of them still in
+    /// placement.
+    Spread(Arc<[ExecutorInfo]>),
+}
+
+impl Fallback {
+    /// An executor other than `lost`, with the query counted as running on it.
+    fn next(&self, lost: &ExecutorInfo) -> Option<(ExecutorInfo, Option<Arc<Running>>)> {
+        match self {
+            Fallback::OneExecutor(running) => {
+                let (next, running) = next_executor(&running.among)?;
+                (next.id != lost.id).then(|| (next.clone(), Some(running)))
+            }
+            Fallback::Spread(executors) => {
+                let n = executors.len();
+                let at = executors.iter().position(|e| e.id == lost.id).unwrap_or(0);
+                (1..n)
+                    .map(|i| &executors[(at + i) % n])
+                    .find(|e| e.id != lost.id && !is_out(&e.id))
+                    .map(|e| (e.clone(), None))
+            }
+        }
     }
+}
+
+/// One partition's messages from its executor, moved once to another executor when that
+/// one is lost before a row was sent.
+struct PartitionStream {
+    /// `stream-… partition N`, for errors.
+    name: String,
+    executor: ExecutorInfo,
+    messages: BoxStream<'static, std::result::Result<FlightData, Failed>>,
+    /// The query counted as running on `executor` (one placed whole on it).
+    running: Option<Arc<Running>>,
+    fallback: Fallback,
+    fetch: Fetch,
+    losses: tokio::sync::watch::Receiver<u64>,
+    sent_schema: bool,
+    sent_rows: bool,
+    moved: bool,
+}
+
+impl PartitionStream {
+    fn new(
+        name: String,
+        executor: ExecutorInfo,
+        running: Option<Arc<Running>>,
+        fallback: Fallback,
+        fetch: Fetch,
+    ) -> Self {
+        Self {
+            name,
+            messages: fetch(&executor),
+            executor,
+            running,
+            fallback,
+            fetch,
+            losses: losses(),
+            sent_schema: false,
+            sent_rows: false,
+            moved: false,
+        }
+    }
+
+    /// The messages, ending after the first error.
+    fn into_stream(self) -> BoxStream<'static, Result<FlightData>> {
+        futures::stream::unfold(Some(self), |state| async move {
+            let mut state = state?;
+            match state.next_message().await? {
+                Ok(message) => Some((Ok(message), Some(state))),
+                Err(e) => Some((Err(e), None)),
+            }
+        })
+        .boxed()
+    }
+
+    async fn next_message(&mut self) -> Option<Result<FlightData>> {
+        loop {
+            let next = tokio::select! {
+                next = self.messages.next() => next,
+                Ok(()) = self.losses.changed() => {
+                    if !is_out(&self.executor.id) {
+                        continue;
+                    }
+                    Some(Err(Failed::lost(
+                        "lost",
+                        &"a connection to it failed or it does not answer probes",
+                    )))
+                }
+            };
+            match next? {
+                Ok(message) => {
+                    match header_type(&message) {
+                        // The first executor's schema went out already.
+                        Some(MessageHeader::Schema) if self.sent_schema => continue,
+                        Some(MessageHeader::Schema) => self.sent_schema = true,
+                        Some(_) => self.sent_rows = true,
+                        None => {}
+                    }
+                    return Some(Ok(message));
+                }
+                Err(failed) => match self.recover(failed) {
+                    Ok(()) => continue,
+                    Err(e) => return Some(Err(e)),
+                },
+            }
+        }
+    }
+
+    /// After `failed`: the partition started again on another executor, or the error to
+    /// end with.
+    fn recover(&mut self, failed: Failed) -> Result<()> {
+        if !failed.lost {
+            return Err(failed.error); // the executor's own error
+        }
+        executor_lost(&self.executor, &failed.error);
+        let name = format!(
+            "{} on executor {}:{}",
+            self.name, self.executor.host, self.executor.port
+        );
+        let lost = |why: &str| {
+            DataFusionError::Execution(format!("{name}: {}; {why}", failed.error.message()))
+        };
+        if self.sent_rows {
+            return Err(lost(
+                "the executor was lost after it sent rows, so the query does not run again \
+                 elsewhere (its rows would repeat): run it again",
+            ));
+        }
+        if self.moved {
+            return Err(lost(
+                "the partition already moved once: run the query again",
+            ));
+        }
+        let Some((next, running)) = self.fallback.next(&self.executor) else {
+            return Err(lost(
+                "no other executor answers: start executors with `basin executor`",
+            ));
+        };
+        tracing::warn!(
+            partition = %self.name,
+            from = %format!("{}:{}", self.executor.host, self.executor.port),
+            to = %format!("{}:{}", next.host, next.port),
+            error = %failed.error,
+            "executor lost before the partition sent a row: running it on another"
+        );
+        self.messages = (self.fetch)(&next);
+        self.executor = next;
+        if running.is_some() {
+            self.running = running;
+        }
+        self.moved = true;
+        Ok(())
+    }
+}
+
+/// The kind of an IPC message, `None` for one without a header (app_metadata only).
+fn header_type(message: &FlightData) -> Option<MessageHeader> {
+    if message.data_header.is_empty() {
+        return None;
+    }
+    datafusion::arrow::ipc::root_as_message(&message.data_header)
+        .ok()
+        .map(|m| m.header_type())
 }
 
 /// The streamed stage of a plan that only merges its partitions, so that its executors'
@@ -684,6 +990,226 @@ mod tests {
             placement.finished(id);
         }
         assert!(placement.running.is_empty());
+    }
+
+    fn executors(ids: &[&str]) -> Vec<ExecutorInfo> {
+        ids.iter()
+            .enumerate()
+            .map(|(i, id)| ExecutorInfo {
+                id: id.to_string(),
+                host: "127.0.0.1".into(),
+                port: 9000 + i as u16,
+                task_slots: 2,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_executor_taken_out_gets_no_query_until_a_later_probe_answers() {
+        let executors = executors(&["a", "b"]);
+        let turn = AtomicUsize::new(0);
+        let mut placement = Placement::default();
+        let pick = |p: &mut Placement| {
+            let id = p.choose(&executors, &turn).map(|e| e.id.clone());
+            if let Some(id) = &id {
+                p.finished(id);
+            }
+            id
+        };
+        let warm = pick(&mut placement).unwrap();
+        let lost_at = Instant::now();
+        assert!(placement.take_out(&warm, lost_at));
+        assert!(!placement.take_out(&warm, lost_at), "already out");
+        // The warm executor is passed over while it is out.
+        let other = pick(&mut placement).unwrap();
+        assert_ne!(other, warm);
+        assert_eq!(pick(&mut placement).as_ref(), Some(&other));
+        // An answer to a probe started before the loss says nothing about it.
+        let before = lost_at.checked_sub(Duration::from_millis(1)).unwrap();
+        assert!(!placement.put_back(&warm, before));
+        assert_eq!(pick(&mut placement).as_ref(), Some(&other));
+        // With every executor out there is none to take a query.
+        placement.take_out(&other, lost_at);
+        assert_eq!(pick(&mut placement), None);
+        // Nor does one started right after it: the process may still be dying.
+        assert!(!placement.put_back(&warm, lost_at + Duration::from_millis(10)));
+        // Back once a later probe answers.
+        assert!(placement.put_back(&warm, lost_at + OUT_AT_LEAST));
+        assert_eq!(pick(&mut placement).as_ref(), Some(&warm));
+        // Executors out that left the cluster are forgotten after a while, not before.
+        placement.forget(&|_| false, lost_at);
+        assert!(placement.out.contains_key(&other));
+        placement.forget(&|id| id == "b", lost_at + Duration::from_millis(1));
+        assert_eq!(placement.out.contains_key(&other), other == "b");
+    }
+
+    /// What a fake executor does with a partition.
+    #[derive(Clone, Copy)]
+    enum Fake {
+        /// Sends its schema, then breaks.
+        BreaksBeforeRows,
+        /// Sends its schema and a batch, then breaks.
+        BreaksAfterRows,
+        /// Sends its schema and waits.
+        Hangs,
+        /// Sends its schema and a batch.
+        Works,
+        /// Answers with an error of its own (a source's).
+        Fails,
+    }
+
+    /// A partition's stream over fake executors `(id, behaviour)`, starting on the first.
+    fn partition_stream(
+        fakes: &[(&str, Fake)],
+        one_executor: bool,
+    ) -> BoxStream<'static, Result<FlightData>> {
+        let ids: Vec<&str> = fakes.iter().map(|f| f.0).collect();
+        let executors = executors(&ids);
+        let behaviour: HashMap<String, Fake> = fakes
+            .iter()
+            .map(|(id, fake)| (id.to_string(), *fake))
+            .collect();
+        let fetch: Fetch = Arc::new(move |executor| {
+            let sent = messages(&schema(["a", "b"]));
+            let broken = || Err(Failed::lost("h2 protocol error", &"connection reset"));
+            let messages: Vec<std::result::Result<FlightData, Failed>> = match behaviour
+                [&executor.id]
+            {
+                Fake::BreaksBeforeRows => vec![Ok(sent[0].clone()), broken()],
+                Fake::BreaksAfterRows => vec![Ok(sent[0].clone()), Ok(sent[1].clone()), broken()],
+                Fake::Hangs => {
+                    return futures::stream::iter([Ok(sent[0].clone())])
+                        .chain(futures::stream::pending())
+                        .boxed();
+                }
+                Fake::Works => sent.into_iter().map(Ok).collect(),
+                Fake::Fails => vec![Err(Failed::status(tonic::Status::internal(
+                    "relation \"t\" does not exist",
+                )))],
+            };
+            futures::stream::iter(messages).boxed()
+        });
+        let (running, fallback) = if one_executor {
+            let running = Arc::new(Running {
+                executor: executors[0].id.clone(),
+                among: executors.clone().into(),
+            });
+            (Some(running.clone()), Fallback::OneExecutor(running))
+        } else {
+            (None, Fallback::Spread(executors.clone().into()))
+        };
+        PartitionStream::new(
+            "stream-test partition 0".into(),
+            executors[0].clone(),
+            running,
+            fallback,
+            fetch,
+        )
+        .into_stream()
+    }
+
+    fn kinds(messages: &[Result<FlightData>]) -> Vec<String> {
+        messages
+            .iter()
+            .map(|m| match m {
+                Ok(m) => format!("{:?}", header_type(m)),
+                Err(e) => format!("error: {e}"),
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_partition_whose_executor_is_lost_before_a_row_runs_once_more_elsewhere() {
+        for one_executor in [false, true] {
+            let (x, y) = if one_executor {
+                ("one-x", "one-y")
+            } else {
+                ("spread-x", "spread-y")
+            };
+            let got: Vec<_> = partition_stream(
+                &[(x, Fake::BreaksBeforeRows), (y, Fake::Works)],
+                one_executor,
+            )
+            .collect()
+            .await;
+            // One schema (the second executor's is dropped), then its rows.
+            assert_eq!(
+                kinds(&got),
+                ["Some(Schema)", "Some(RecordBatch)"],
+                "one executor: {one_executor}"
+            );
+            assert!(is_out(x) && !is_out(y));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_partition_fails_naming_the_executor_lost_after_rows_or_with_no_other() {
+        let got: Vec<_> = partition_stream(
+            &[("after-x", Fake::BreaksAfterRows), ("after-y", Fake::Works)],
+            false,
+        )
+        .collect()
+        .await;
+        let kinds = kinds(&got);
+        assert_eq!(kinds.len(), 3, "{kinds:?}");
+        assert!(
+            kinds[2].contains("on executor 127.0.0.1:9000")
+                && kinds[2].contains("after it sent rows"),
+            "{kinds:?}"
+        );
+        assert!(is_out("after-x"));
+
+        let got: Vec<_> = partition_stream(
+            &[
+                ("twice-x", Fake::BreaksBeforeRows),
+                ("twice-y", Fake::BreaksBeforeRows),
+            ],
+            false,
+        )
+        .collect()
+        .await;
+        let last = got.last().unwrap().as_ref().unwrap_err().to_string();
+        assert!(
+            last.contains("on executor 127.0.0.1:9001") && last.contains("already moved once"),
+            "{last}"
+        );
+    }
+
+    #[test]
+    fn a_status_the_executor_sent_is_its_own_error_a_broken_connection_is_a_loss() {
+        // Statuses read from the executor's trailers carry no cause.
+        assert!(!Failed::status(tonic::Status::internal("Divide by zero")).lost);
+        assert!(!Failed::status(tonic::Status::invalid_argument("bad ticket")).lost);
+        // This process's client makes statuses of its transport errors, with the cause.
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert!(Failed::status(tonic::Status::from_error(Box::new(reset))).lost);
+        assert!(Failed::status(tonic::Status::unavailable("connection refused")).lost);
+    }
+
+    #[tokio::test]
+    async fn an_executors_own_error_is_passed_on_and_keeps_it_in_placement() {
+        let got: Vec<_> =
+            partition_stream(&[("own-x", Fake::Fails), ("own-y", Fake::Works)], false)
+                .collect()
+                .await;
+        assert_eq!(
+            kinds(&got),
+            ["error: Execution error: relation \"t\" does not exist"]
+        );
+        assert!(!is_out("own-x"));
+    }
+
+    #[tokio::test]
+    async fn a_partition_waiting_on_an_executor_taken_out_moves_at_once() {
+        let stream = partition_stream(&[("hang-x", Fake::Hangs), ("hang-y", Fake::Works)], false);
+        let collect = tokio::spawn(stream.collect::<Vec<_>>());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        executor_lost(&executors(&["hang-x"])[0], &"test");
+        let got = tokio::time::timeout(Duration::from_secs(10), collect)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(kinds(&got), ["Some(Schema)", "Some(RecordBatch)"]);
     }
 
     fn schema(names: [&str; 2]) -> SchemaRef {

@@ -2,8 +2,9 @@
 
 mod federation;
 mod iceberg;
-mod names;
+mod liveness;
 mod memory;
+mod names;
 mod s3;
 mod shell;
 mod standalone;
