@@ -5,9 +5,9 @@
 //! Shared(ResourcesExhausted(\"query needs …\\n …\")))"))`): the message that names the
 //! executor's `memory_limit` reached the client buried in escapes. [`JobErrorsExec`] sits on
 //! the job's plan in the front end and turns such an error back into the
-//! `ResourcesExhausted` error the executor raised (a Flight SQL client gets
-//! `RESOURCE_EXHAUSTED` with the executor's own text). The kind is lost on the way, so this
-//! reads the text: the variant's name and its string, unescaped once per level.
+//! `ResourcesExhausted` error the executor raised: a Flight SQL client reads the executor's
+//! own text. The kind is lost on the way, so this reads the text: the variant's name and its
+//! string, unescaped once per level.
 
 use std::any::Any;
 use std::fmt;
