@@ -191,3 +191,88 @@ fn out_of_memory(e: &DataFusionError) -> bool {
     matches!(e.find_root(), DataFusionError::ResourcesExhausted(_))
         || e.to_string().contains(NEEDS_MORE_MEMORY)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::array::Int64Array;
+    use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+    use datafusion::datasource::memory::MemorySourceConfig;
+    use datafusion::physical_plan::collect;
+    use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
+
+    fn schema() -> SchemaRef {
+        Arc::new(Schema::new(vec![Field::new("n", DataType::Int64, false)]))
+    }
+
+    fn rows(n: i64) -> Arc<dyn ExecutionPlan> {
+        let batch =
+            RecordBatch::try_new(schema(), vec![Arc::new(Int64Array::from(vec![n]))]).unwrap();
+        MemorySourceConfig::try_new_exec(&[vec![batch]], schema(), None).unwrap()
+    }
+
+    /// A plan whose one partition fails with `error`.
+    #[derive(Debug)]
+    struct Failing(fn() -> DataFusionError);
+
+    impl PartitionStream for Failing {
+        fn schema(&self) -> &SchemaRef {
+            static SCHEMA: OnceLock<SchemaRef> = OnceLock::new();
+            SCHEMA.get_or_init(schema)
+        }
+
+        fn execute(&self, _: Arc<TaskContext>) -> SendableRecordBatchStream {
+            let error = (self.0)();
+            Box::pin(RecordBatchStreamAdapter::new(
+                schema(),
+                futures::stream::once(async move { Err(error) }),
+            ))
+        }
+    }
+
+    fn failing(error: fn() -> DataFusionError) -> Arc<dyn ExecutionPlan> {
+        Arc::new(
+            StreamingTableExec::try_new(
+                schema(),
+                vec![Arc::new(Failing(error))],
+                None,
+                vec![],
+                false,
+                None,
+            )
+            .unwrap(),
+        )
+    }
+
+    async fn run(plan: Arc<dyn ExecutionPlan>) -> DFResult<Vec<i64>> {
+        let batches = collect(plan, Arc::new(TaskContext::default())).await?;
+        Ok(batches
+            .iter()
+            .flat_map(|b| {
+                b.column(0)
+                    .as_any()
+                    .downcast_ref::<Int64Array>()
+                    .unwrap()
+                    .values()
+                    .to_vec()
+            })
+            .collect())
+    }
+
+    #[tokio::test]
+    async fn a_query_out_of_memory_on_one_executor_runs_again_as_a_job() {
+        let full =
+            || DataFusionError::Execution(format!("{NEEDS_MORE_MEMORY} executor e allows it"));
+        assert_eq!(run(or_as_job(failing(full), rows(2))).await.unwrap(), [2]);
+        let exhausted = || DataFusionError::ResourcesExhausted("full".to_string());
+        assert_eq!(
+            run(or_as_job(failing(exhausted), rows(2))).await.unwrap(),
+            [2]
+        );
+        // Other errors are the query's own; a query that runs stays where it is.
+        let other = || DataFusionError::Execution("Divide by zero".to_string());
+        let err = run(or_as_job(failing(other), rows(2))).await.unwrap_err();
+        assert!(err.to_string().contains("Divide by zero"), "{err}");
+        assert_eq!(run(or_as_job(rows(1), rows(2))).await.unwrap(), [1]);
+    }
+}
