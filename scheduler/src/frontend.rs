@@ -89,6 +89,11 @@ pub fn connect(
         .position(|rule| rule.name() == "join_selection")
         .map_or(physical_rules.len(), |at| at + 1);
     physical_rules.insert(after_join_selection, Arc::new(SmallerBuildSide));
+    // Semi joins estimated by their keys before the join selection reads the estimates.
+    physical_rules.insert(
+        after_join_selection.saturating_sub(1),
+        Arc::new(crate::semi_join_keys::SemiJoinKeysFirst),
+    );
     let mut builder = SessionStateBuilder::new_from_existing(state);
     if let Some(optimizer) = builder.optimizer() {
         crate::distinct::keep_distinct_types(&mut optimizer.rules);

@@ -22,6 +22,7 @@ mod liveness;
 mod memory;
 pub mod notin;
 pub mod prefilter;
+pub mod semi_join_keys;
 pub mod semijoin;
 pub mod series;
 pub mod server;
