@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use basin_cli::statements::run_sql;
+use basin_cli::statements::{StatementResult, run_sql};
 use datafusion::arrow::array::{Array, ArrayRef, AsArray};
 use datafusion::arrow::datatypes::{DataType, Schema};
 use datafusion::arrow::record_batch::RecordBatch;
@@ -66,35 +66,39 @@ impl BasinDb {
     }
 }
 
+/// Runs the statements of one record on a session and returns the last one's result, or
+/// `None` when it returned no columns. A statement that hangs fails its record (and the run
+/// goes on) instead of holding the whole suite until CI's own limit.
+pub async fn run_statements(
+    ctx: &SessionContext,
+    sql: &str,
+    limit: Duration,
+) -> Result<Option<StatementResult>, DataFusionError> {
+    let mut last = None;
+    let mut keep = |r| {
+        last = Some(r);
+        Ok(())
+    };
+    match tokio::time::timeout(limit, run_sql(ctx, sql, &mut keep)).await {
+        Ok(done) => done?,
+        Err(_) => {
+            return Err(DataFusionError::Execution(format!(
+                "the statement did not finish within {limit:?}"
+            )));
+        }
+    }
+    Ok(last.filter(|r: &StatementResult| !r.schema.fields().is_empty()))
+}
+
 #[async_trait]
 impl sqllogictest::AsyncDB for BasinDb {
     type Error = EngineError;
     type ColumnType = BasinColumnType;
 
     async fn run(&mut self, sql: &str) -> Result<DBOutput<BasinColumnType>, EngineError> {
-        let mut last = None;
-        // A statement that hangs fails its record (and the run goes on) instead of holding
-        // the whole suite until CI's own limit.
-        let limit = statement_deadline();
-        let mut keep = |r| {
-            last = Some(r);
-            Ok(())
-        };
-        match tokio::time::timeout(limit, run_sql(&self.ctx, sql, &mut keep)).await {
-            Ok(done) => done?,
-            Err(_) => {
-                return Err(EngineError(DataFusionError::Execution(format!(
-                    "the statement did not finish within {limit:?} \
-                     (BASIN_TEST_DEADLINE_SECS)"
-                ))));
-            }
-        }
-        let Some(result) = last else {
+        let Some(result) = run_statements(&self.ctx, sql, statement_deadline()).await? else {
             return Ok(DBOutput::StatementComplete(0));
         };
-        if result.schema.fields().is_empty() {
-            return Ok(DBOutput::StatementComplete(0));
-        }
         let types = column_types(&result.schema);
         let rows = format_rows(&result.batches)?;
         if rows.is_empty() && types.is_empty() {
@@ -216,7 +220,7 @@ fn decimals(s: &str) -> usize {
 }
 
 /// How long one statement may run (`BASIN_TEST_DEADLINE_SECS`, default 300 s).
-fn statement_deadline() -> Duration {
+pub fn statement_deadline() -> Duration {
     let secs = std::env::var("BASIN_TEST_DEADLINE_SECS")
         .ok()
         .and_then(|v| v.parse().ok())

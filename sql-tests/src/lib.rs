@@ -4,4 +4,5 @@
 
 pub mod engine;
 pub mod process_cluster;
+pub mod upstream;
 pub mod validate;

@@ -1,13 +1,27 @@
-//! Runs Basin's sqllogictest suites against (a) an in-process standalone cluster and (b) a
-//! real multi-process cluster (`basin scheduler` + 2 `basin executor` processes).
+//! Runs Basin's sqllogictest suites, and DataFusion's own sqllogictest files, against a
+//! Basin cluster on each route:
+//!
+//! - `inprocess`: an in-process standalone cluster, sessions with the cluster in view
+//!   (streamed stages, small queries whole on one executor, else Ballista jobs);
+//! - `cluster`: a real multi-process cluster (`basin scheduler` + 2 `basin executor`
+//!   processes), sessions in this process, so every query is a Ballista job;
+//! - `jobs`: an in-process cluster with `streamed_stages = false`: every query a Ballista job.
 //!
 //! ```text
-//! cargo test -p basin-sql-tests --test sqllogictests [-- [--complete] [--mode inprocess|cluster] [FILTER]]
+//! cargo test -p basin-sql-tests --test sqllogictests [-- [--complete] [--mode inprocess,cluster,jobs]
+//!     [--datafusion] [--record-differences] [--all] [--parallel N] [FILTER]]
 //! ```
 //!
-//! Suites are folders under `sql-tests/suites/`. `--complete` rewrites expected results from
+//! Without `--datafusion`, Basin's own suites run (on `inprocess` and `cluster` unless
+//! `--mode` says otherwise); with it, DataFusion's files (on `inprocess` unless `--mode`
+//! says otherwise). Suites are folders under `sql-tests/suites/`. `--complete` rewrites expected results from
 //! Basin's output (never use it on suites whose answers come from another engine: those
 //! folders hold a `REFERENCE` marker and are skipped by `--complete`).
+//!
+//! DataFusion's files ([`basin_sql_tests::upstream`]) are compared with their own expected
+//! results; where Basin differs, the record must be listed in
+//! `sql-tests/datafusion-differences.toml`, which `--record-differences` writes for the
+//! routes and files run. `--all` also runs the files the list skips whole.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -15,24 +29,40 @@ use std::sync::Arc;
 
 use basin_cli::cluster::{StandaloneCluster, StandaloneOptions};
 use basin_core::BasinConfig;
-use datafusion::prelude::SessionContext;
 use sqllogictest::{Runner, default_column_validator, default_normalizer};
 
 use basin_sql_tests::engine::{self, BasinDb};
 use basin_sql_tests::process_cluster::ProcessCluster;
+use basin_sql_tests::upstream::{self, Connect, differences};
 use basin_sql_tests::validate;
 
 struct Args {
     complete: bool,
-    modes: Vec<String>,
+    /// Routes given with `--mode`; else every route.
+    modes: Option<Vec<String>>,
     filter: Option<String>,
+    /// DataFusion's files instead of Basin's own suites.
+    datafusion: bool,
+    record: bool,
+    all: bool,
+    parallel: usize,
 }
+
+/// Routes Basin's own suites run on by default.
+const BASIN_ROUTES: [&str; 2] = ["inprocess", "cluster"];
+/// Routes DataFusion's files run on by default (in CI); `--mode` chooses others. One route:
+/// the whole corpus took PLACEHOLDER on it.
+const DATAFUSION_ROUTES: [&str; 1] = ["inprocess"];
 
 fn parse_args() -> Args {
     let mut args = Args {
         complete: false,
-        modes: vec!["inprocess".into(), "cluster".into()],
+        modes: None,
         filter: None,
+        datafusion: false,
+        record: false,
+        all: false,
+        parallel: 2,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -40,7 +70,18 @@ fn parse_args() -> Args {
             "--complete" => args.complete = true,
             "--mode" => {
                 if let Some(m) = it.next() {
-                    args.modes = vec![m];
+                    args.modes = Some(m.split(',').map(str::to_string).collect());
+                }
+            }
+            "--datafusion" => args.datafusion = true,
+            "--record-differences" => {
+                args.record = true;
+                args.datafusion = true;
+            }
+            "--all" => args.all = true,
+            "--parallel" => {
+                if let Some(n) = it.next().and_then(|n| n.parse().ok()) {
+                    args.parallel = n;
                 }
             }
             // Flags cargo or libtest-style runners pass; nothing to do with them.
@@ -49,6 +90,11 @@ fn parse_args() -> Args {
         }
     }
     args
+}
+
+/// Whether this runs in CI, where a missing prerequisite fails instead of skipping.
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
 }
 
 fn suite_files(filter: Option<&str>) -> Vec<PathBuf> {
@@ -162,8 +208,6 @@ fn relative(file: &Path) -> String {
         .to_string()
 }
 
-type Connect = Arc<dyn Fn() -> Result<SessionContext, String> + Send + Sync>;
-
 async fn run_files(
     mode: &str,
     files: &[PathBuf],
@@ -234,99 +278,282 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// A running cluster of one route, and how to open sessions on it.
+enum Cluster {
+    InProcess(Arc<StandaloneCluster>),
+    Processes(Arc<ProcessCluster>),
+}
+
+async fn start_route(mode: &str, config: &Arc<BasinConfig>) -> Result<(Cluster, Connect), String> {
+    match mode {
+        "inprocess" | "jobs" => {
+            let mut config = config.as_ref().clone();
+            // `jobs`: no streamed stage, no query whole on one executor.
+            config.server.streamed_stages = mode == "inprocess";
+            let cluster = StandaloneCluster::start(Arc::new(config), StandaloneOptions::default())
+                .await
+                .map(Arc::new)
+                .map_err(|e| format!("[{mode}] cluster start: {e}"))?;
+            let c = cluster.clone();
+            let connect: Connect = Arc::new(move || c.connect().map_err(|e| e.to_string()));
+            Ok((Cluster::InProcess(cluster), connect))
+        }
+        "cluster" => {
+            let cluster = match tokio::task::spawn_blocking(|| ProcessCluster::start(2, 2)).await {
+                Ok(Ok(c)) => Arc::new(c),
+                Ok(Err(e)) => return Err(format!("[cluster] cluster start: {e}")),
+                Err(e) => return Err(format!("[cluster] cluster start panicked: {e}")),
+            };
+            let url = cluster.url();
+            let cfg = config.clone();
+            let connect: Connect = Arc::new(move || {
+                basin_scheduler::connect(&cfg, &url, 4, None).map_err(|e| e.to_string())
+            });
+            Ok((Cluster::Processes(cluster), connect))
+        }
+        other => Err(format!(
+            "unknown mode {other}: use inprocess, cluster or jobs"
+        )),
+    }
+}
+
+/// Distribution: the tasks ran on more than one executor (and none on the scheduler).
+fn check_distribution(mode: &str, cluster: &Cluster) -> Result<(), String> {
+    match cluster {
+        Cluster::InProcess(cluster) => {
+            let executors: BTreeSet<String> = cluster
+                .task_log()
+                .records()
+                .into_iter()
+                .map(|r| r.executor)
+                .collect();
+            if executors.len() >= 2 {
+                println!("[{mode}] ok   tasks ran on {} executors", executors.len());
+                Ok(())
+            } else {
+                Err(format!("[{mode}] tasks ran on {executors:?} only"))
+            }
+        }
+        Cluster::Processes(cluster) => {
+            let mut busy = 0;
+            for name in cluster.executor_names() {
+                let tasks = cluster.log(&name).matches("task finished").count();
+                println!("[{mode}] {name} ran {tasks} tasks");
+                if tasks > 0 {
+                    busy += 1;
+                }
+            }
+            let scheduler_tasks = cluster.log("scheduler").matches("task finished").count();
+            if busy == cluster.executor_names().len() && busy >= 2 && scheduler_tasks == 0 {
+                println!("[{mode}] ok   tasks ran on all {busy} executors, none on the scheduler");
+                Ok(())
+            } else {
+                Err(format!(
+                    "[{mode}] distribution: {busy} executors busy, scheduler ran {scheduler_tasks} tasks"
+                ))
+            }
+        }
+    }
+}
+
+/// DataFusion's files, ready to run: the working tree and the differences list.
+struct Upstream {
+    corpus: upstream::Corpus,
+    files: Vec<String>,
+    list: differences::Differences,
+}
+
+/// Prepares DataFusion's files, or says why they do not run (an error in CI).
+fn prepare_upstream(filter: Option<&str>) -> Result<Option<Upstream>, String> {
+    let Some(source) = upstream::locate() else {
+        let why = format!(
+            "DataFusion's sqllogictest files ({}) are not in Cargo's registry: fetch them as \
+             .ci/run does (cargo fetch of datafusion-sqllogictest = \"=53.1.0\" in a throwaway \
+             manifest) or set BASIN_DATAFUSION_SLT_DIR",
+            upstream::CRATE
+        );
+        return if in_ci() {
+            Err(why)
+        } else {
+            println!("skipped DataFusion's files: {why}");
+            Ok(None)
+        };
+    };
+    let list = differences::Differences::load(&differences::path())?;
+    let corpus = upstream::Corpus::prepare(&source)?;
+    // The files' paths are relative to DataFusion's `datafusion/sqllogictest` folder; the
+    // clusters started after this (executor processes too) resolve them from there.
+    std::env::set_current_dir(&corpus.dir)
+        .map_err(|e| format!("cannot enter {}: {e}", corpus.dir.display()))?;
+    let files = corpus.files(filter);
+    println!(
+        "DataFusion's files: {} from {}, working in {}",
+        files.len(),
+        source.display(),
+        corpus.dir.display()
+    );
+    Ok(Some(Upstream {
+        corpus,
+        files,
+        list,
+    }))
+}
+
+/// Runs DataFusion's files on one route and compares with the list; with `record`, notes
+/// what differed into the list instead. Returns the failures.
+async fn run_upstream(up: &mut Upstream, mode: &str, connect: Connect, args: &Args) -> Vec<String> {
+    let run = upstream::run_route(
+        &up.corpus,
+        mode,
+        &up.files,
+        connect,
+        &up.list,
+        args.all,
+        args.parallel,
+    )
+    .await;
+    println!(
+        "[{mode}] DataFusion's files: {} files, {} records in {:.1} s; {} records differ, {} files skipped",
+        run.ran.len(),
+        run.records,
+        run.elapsed.as_secs_f64(),
+        run.observed.len(),
+        run.skipped_files,
+    );
+    if args.record {
+        up.list
+            .record(mode, &run.ran, &run.observed, &run.unrunnable);
+        return vec![];
+    }
+    let mut failures = vec![];
+    let listed = up.list.listed(mode);
+    let mut seen = BTreeSet::new();
+    for o in &run.observed {
+        seen.insert(o.key());
+        match listed.get(&o.key()) {
+            None => {
+                println!("[{mode}] NEW difference in {}:\n{}", o.file, o.detail);
+                failures.push(format!(
+                    "[{mode}] datafusion {}:{} {} (new)",
+                    o.file, o.line, o.category
+                ));
+            }
+            Some(l) if o.category == differences::WRONG_RESULT && l.category != o.category => {
+                println!(
+                    "[{mode}] listed as {} but now a wrong answer in {}:\n{}",
+                    l.category, o.file, o.detail
+                );
+                failures.push(format!(
+                    "[{mode}] datafusion {}:{} now a wrong answer",
+                    o.file, o.line
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    for f in &run.unrunnable {
+        println!("[{mode}] FAIL {} could not run: {}", f.path, f.reason);
+        failures.push(format!("[{mode}] datafusion {} could not run", f.path));
+    }
+    let now_matching: Vec<_> = listed
+        .keys()
+        .filter(|k| run.ran.contains(&k.0) && !seen.contains(*k))
+        .collect();
+    if !now_matching.is_empty() {
+        println!(
+            "[{mode}] {} listed differences now match DataFusion (rewrite the list with \
+             --record-differences), e.g. {:?}",
+            now_matching.len(),
+            now_matching.iter().take(5).collect::<Vec<_>>()
+        );
+    }
+    if failures.is_empty() {
+        println!("[{mode}] ok   DataFusion's files: every difference is listed");
+    }
+    failures
+}
+
 async fn run() -> std::process::ExitCode {
     let args = parse_args();
-    let files = suite_files(args.filter.as_deref());
-    if files.is_empty() {
+    let mut failures: Vec<String> = vec![];
+    let mut upstream = None;
+    if args.datafusion {
+        match prepare_upstream(args.filter.as_deref()) {
+            Ok(up) => upstream = up,
+            Err(e) => failures.push(e),
+        }
+    }
+    let files = if !args.datafusion {
+        suite_files(args.filter.as_deref())
+    } else {
+        vec![]
+    };
+    if files.is_empty()
+        && upstream.as_ref().is_none_or(|u| u.files.is_empty())
+        && failures.is_empty()
+    {
         eprintln!("no .slt files match");
         return std::process::ExitCode::FAILURE;
     }
     let data_dir = std::env::temp_dir().join(format!("basin-sqltest-data-{}", std::process::id()));
     let mut config = BasinConfig::embedded();
     config.server.data_dir = data_dir.clone();
+    // DataFusion's driver plans with 4 partitions; so do the clusters here (2 executors of
+    // 2 slots on CI's machines anyway).
+    config.server.target_partitions = 4;
     let config = Arc::new(config);
     let mut passed = 0;
-    let mut failures: Vec<String> = vec![];
-    for mode in &args.modes {
-        match mode.as_str() {
-            "inprocess" => {
-                let cluster =
-                    match StandaloneCluster::start(config.clone(), StandaloneOptions::default())
-                        .await
-                    {
-                        Ok(c) => Arc::new(c),
-                        Err(e) => {
-                            failures.push(format!("[inprocess] cluster start: {e}"));
-                            continue;
-                        }
-                    };
-                let c = cluster.clone();
-                let connect: Connect = Arc::new(move || c.connect().map_err(|e| e.to_string()));
-                let (p, f) = run_files("inprocess", &files, connect, args.complete).await;
-                passed += p;
-                failures.extend(f);
-                // Distribution: the tasks ran on more than one executor.
-                let executors: BTreeSet<String> = cluster
-                    .task_log()
-                    .records()
-                    .into_iter()
-                    .map(|r| r.executor)
-                    .collect();
-                if executors.len() >= 2 {
-                    passed += 1;
-                    println!(
-                        "[inprocess] ok   tasks ran on {} executors",
-                        executors.len()
-                    );
-                } else {
-                    failures.push(format!("[inprocess] tasks ran on {executors:?} only"));
-                }
+    let default_routes: &[&str] = if args.datafusion {
+        &DATAFUSION_ROUTES
+    } else {
+        &BASIN_ROUTES
+    };
+    let modes: Vec<String> = args
+        .modes
+        .clone()
+        .unwrap_or_else(|| default_routes.iter().map(|r| r.to_string()).collect());
+    for mode in &modes {
+        let basin_here = !files.is_empty();
+        let upstream_here = upstream.is_some();
+        if !basin_here && !upstream_here {
+            continue;
+        }
+        let (cluster, connect) = match start_route(mode, &config).await {
+            Ok(started) => started,
+            Err(e) => {
+                failures.push(e);
+                continue;
             }
-            "cluster" => {
-                let cluster =
-                    match tokio::task::spawn_blocking(|| ProcessCluster::start(2, 2)).await {
-                        Ok(Ok(c)) => Arc::new(c),
-                        Ok(Err(e)) => {
-                            failures.push(format!("[cluster] cluster start: {e}"));
-                            continue;
-                        }
-                        Err(e) => {
-                            failures.push(format!("[cluster] cluster start panicked: {e}"));
-                            continue;
-                        }
-                    };
-                let url = cluster.url();
-                let cfg = config.clone();
-                let connect: Connect = Arc::new(move || {
-                    basin_scheduler::connect(&cfg, &url, 4, None).map_err(|e| e.to_string())
-                });
-                let (p, f) = run_files("cluster", &files, connect, false).await;
-                passed += p;
-                failures.extend(f);
-                // Distribution: every executor process ran tasks; the scheduler ran none.
-                let mut busy = 0;
-                for name in cluster.executor_names() {
-                    let tasks = cluster.log(&name).matches("task finished").count();
-                    println!("[cluster] {name} ran {tasks} tasks");
-                    if tasks > 0 {
-                        busy += 1;
-                    }
-                }
-                let scheduler_tasks = cluster.log("scheduler").matches("task finished").count();
-                if busy == cluster.executor_names().len() && busy >= 2 && scheduler_tasks == 0 {
-                    passed += 1;
-                    println!(
-                        "[cluster] ok   tasks ran on all {busy} executors, none on the scheduler"
-                    );
-                } else {
-                    failures.push(format!(
-                        "[cluster] distribution: {busy} executors busy, scheduler ran {scheduler_tasks} tasks"
-                    ));
-                }
+        };
+        if basin_here {
+            let complete = args.complete && mode != "cluster";
+            let (p, f) = run_files(mode, &files, connect.clone(), complete).await;
+            passed += p;
+            failures.extend(f);
+            match check_distribution(mode, &cluster) {
+                Ok(()) => passed += 1,
+                Err(e) => failures.push(e),
             }
-            other => failures.push(format!("unknown mode {other}: use inprocess or cluster")),
+        }
+        if upstream_here && let Some(up) = upstream.as_mut() {
+            let f = run_upstream(up, mode, connect.clone(), &args).await;
+            if f.is_empty() {
+                passed += 1;
+            }
+            failures.extend(f);
+        }
+        drop(cluster);
+    }
+    if args.record
+        && let Some(up) = &upstream
+    {
+        let path = differences::path();
+        match std::fs::write(&path, up.list.to_toml()) {
+            Ok(()) => println!("wrote {}", path.display()),
+            Err(e) => failures.push(format!("cannot write {}: {e}", path.display())),
         }
     }
+    drop(upstream);
     let _ = std::fs::remove_dir_all(&data_dir);
     if failures.is_empty() {
         // A failure names a derived file: it stays for reading.
