@@ -500,9 +500,10 @@ async fn run() -> std::process::ExitCode {
     let data_dir = std::env::temp_dir().join(format!("basin-sqltest-data-{}", std::process::id()));
     let mut config = BasinConfig::embedded();
     config.server.data_dir = data_dir.clone();
-    // DataFusion's driver plans with 4 partitions; so do the clusters here (2 executors of
-    // 2 slots on CI's machines anyway).
-    config.server.target_partitions = 4;
+    // DataFusion's driver plans with 4 partitions; so do the clusters running its files.
+    if args.datafusion {
+        config.server.target_partitions = 4;
+    }
     let config = Arc::new(config);
     let mut passed = 0;
     let default_routes: &[&str] = if args.datafusion {
