@@ -125,8 +125,11 @@ mod tests {
             .with_physical_optimizer_rules(rules)
             .build();
         let ctx = SessionContext::new_with_state(state);
+        // One folder per session: the tests run at once in one process.
+        static SESSIONS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let session = SESSIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!(
-            "basin-aggregate-statistics-{}-{replace}",
+            "basin-aggregate-statistics-{}-{session}",
             std::process::id()
         ));
         let _ = std::fs::remove_dir_all(&dir);

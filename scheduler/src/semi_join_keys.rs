@@ -144,6 +144,14 @@ mod tests {
 
     use super::*;
 
+    /// The folder of the Parquet files of [`context`]`(with_rule)`.
+    fn scratch(with_rule: bool) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!(
+            "basin-semi-join-keys-{}-{with_rule}",
+            std::process::id()
+        ))
+    }
+
     async fn context(with_rule: bool) -> SessionContext {
         let mut config = SessionConfig::new().with_target_partitions(2);
         config
@@ -168,10 +176,7 @@ mod tests {
                 .build(),
         );
         // Parquet files, whose statistics give the columns' bounds (memory tables give none).
-        let dir = std::env::temp_dir().join(format!(
-            "basin-semi-join-keys-{}-{with_rule}",
-            std::process::id()
-        ));
+        let dir = scratch(with_rule);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let (sales, hd) = (dir.join("sales.parquet"), dir.join("hd.parquet"));
@@ -226,6 +231,9 @@ mod tests {
                     .unwrap()
                     .to_string(),
             );
+        }
+        for with_rule in [false, true] {
+            let _ = std::fs::remove_dir_all(scratch(with_rule));
         }
         assert_eq!(results[0], results[1]);
         assert!(
