@@ -29,6 +29,7 @@ use datafusion_proto::logical_plan::LogicalExtensionCodec;
 use datafusion_proto::physical_plan::PhysicalExtensionCodec;
 use serde::{Deserialize, Serialize};
 
+use crate::exchange::{ExchangeReadExec, PartitionSubsetExec};
 use crate::iceberg::{
     IcebergScanExec, IcebergTableProvider, IcebergTableSpec, IcebergWriteExec, IcebergWriteNode,
     ScanSpec, WriteSpec,
@@ -52,6 +53,8 @@ enum Kind {
     RemoteQueryTable = 8,
     RemoteScan = 9,
     Series = 10,
+    PartitionSubset = 11,
+    ExchangeRead = 12,
 }
 
 /// A `generate_series` / `range` table (a query that runs as a Ballista job sends its
@@ -399,6 +402,18 @@ impl PhysicalExtensionCodec for BasinPhysicalCodec {
                 })?;
                 Ok(Arc::new(IcebergWriteExec::new(spec, input)))
             }
+            Some((k, payload)) if k == Kind::PartitionSubset as u8 => {
+                let (tasks, task): (usize, usize) = decode_json(payload)?;
+                let input = inputs.first().cloned().ok_or_else(|| {
+                    DataFusionError::Internal(
+                        "PartitionSubsetExec arrived without its input".into(),
+                    )
+                })?;
+                Ok(Arc::new(PartitionSubsetExec::try_new(input, tasks, task)?))
+            }
+            Some((k, payload)) if k == Kind::ExchangeRead as u8 => Ok(Arc::new(
+                crate::exchange::decode_exchange_read(payload, ctx, self)?,
+            )),
             Some((k, _)) => Err(DataFusionError::Internal(format!(
                 "unknown Basin execution plan kind {k}"
             ))),
@@ -418,6 +433,14 @@ impl PhysicalExtensionCodec for BasinPhysicalCodec {
         }
         if let Some(scan) = node.as_any().downcast_ref::<RemoteScanExec>() {
             return encode_json(Kind::RemoteScan, scan.spec(), buf);
+        }
+        if let Some(subset) = node.as_any().downcast_ref::<PartitionSubsetExec>() {
+            return encode_json(Kind::PartitionSubset, &(subset.tasks(), subset.task()), buf);
+        }
+        if let Some(read) = node.as_any().downcast_ref::<ExchangeReadExec>() {
+            buf.extend_from_slice(MAGIC);
+            buf.push(Kind::ExchangeRead as u8);
+            return crate::exchange::encode_exchange_read(read, buf);
         }
         self.inner.try_encode(node, buf)
     }

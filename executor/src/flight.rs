@@ -7,6 +7,7 @@
 //!            ◄──────────── Arrow batches, as the plan produces them ──────┘
 //!  others    ──DoGet(FetchPartition) / DoAction ──► Ballista's BallistaFlightService
 //!  scheduler ──DoAction(basin.query_memory) ──► bytes one query may hold here
+//!  consumers ──DoGet(BASIN-EXCHANGE ticket) ──► one partition of an exchange's producer
 //! ```
 //!
 //! Dropping the response stream (the client went away, or the query was cancelled) drops
@@ -34,9 +35,10 @@ use ballista_executor::ArrowFlightServerProvider;
 use ballista_executor::flight_service::BallistaFlightService;
 use ballista_executor::shutdown::Shutdown;
 use basin_connectors::codec::decode_stage_ticket;
+use basin_connectors::exchange::{PartitionSubsetExec, decode_exchange_ticket};
 use basin_core::memory::{MemoryBudget, QUERY_MEMORY_ACTION};
 use datafusion::error::DataFusionError;
-use datafusion::execution::TaskContext;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion_proto::physical_plan::{AsExecutionPlan, PhysicalExtensionCodec};
 use datafusion_proto::protobuf::PhysicalPlanNode;
@@ -70,14 +72,17 @@ pub(crate) struct StageRuntime {
 pub(crate) struct ExecutorFlight {
     shuffle: BallistaFlightService,
     stages: StageRuntime,
+    producers: crate::exchange::Producers,
 }
 
 impl ExecutorFlight {
-    fn run_stage(&self, task: TaskDefinition) -> Result<Boxed<FlightData>, Status> {
+    /// The context a ticket's plan runs in: its session's settings, this executor's
+    /// runtime and functions.
+    fn task_context(&self, task: &TaskDefinition) -> Result<TaskContext, Status> {
         let config = (self.stages.config)().update_from_key_value_pair(&task.props);
         let runtime = (self.stages.runtime)(&config).map_err(stage_error)?;
         let functions = &self.stages.functions;
-        let ctx = TaskContext::new(
+        Ok(TaskContext::new(
             Some(task.job_id.clone()),
             task.session_id.clone(),
             config,
@@ -85,12 +90,24 @@ impl ExecutorFlight {
             functions.aggregate_functions.clone(),
             functions.window_functions.clone(),
             runtime,
-        );
+        ))
+    }
+
+    /// A ticket's plan, decoded, with the executor's rewrites.
+    fn decode_plan(
+        &self,
+        task: &TaskDefinition,
+        ctx: &TaskContext,
+    ) -> Result<Arc<dyn ExecutionPlan>, DataFusionError> {
         let plan: Arc<dyn ExecutionPlan> = PhysicalPlanNode::try_decode(&task.plan)
-            .and_then(|node| node.try_into_physical_plan(&ctx, self.stages.codec.as_ref()))
-            .map_err(stage_error)?;
+            .and_then(|node| node.try_into_physical_plan(ctx, self.stages.codec.as_ref()))?;
         let plan = crate::shared::share_repeated_aggregates(plan, self.stages.codec.as_ref());
-        let plan = crate::fast::fast_expressions(plan);
+        Ok(crate::fast::fast_expressions(plan))
+    }
+
+    fn run_stage(&self, task: TaskDefinition) -> Result<Boxed<FlightData>, Status> {
+        let ctx = self.task_context(&task)?;
+        let plan = self.decode_plan(&task, &ctx).map_err(stage_error)?;
         let partition = task.partition_id as usize;
         let partitions = plan.properties().partitioning.partition_count();
         if partition >= partitions {
@@ -116,17 +133,56 @@ impl ExecutorFlight {
         let stream = plan
             .execute(partition, Arc::new(ctx))
             .map_err(stage_error)?;
-        let schema = stream.schema();
-        // Only this batch's bytes go over the wire (string views share buffers).
-        let batches = stream
-            .and_then(|b| futures::future::ready(basin_connectors::views::compact_views(b)))
-            .map_err(|e| FlightError::Tonic(Box::new(stage_error(e))));
-        let flight = FlightDataEncoderBuilder::new()
-            .with_schema(schema)
-            .build(batches)
-            .map_err(Status::from);
-        Ok(Box::pin(flight))
+        Ok(flight_stream(stream))
     }
+
+    /// One output partition of an exchange's producer task, from the task's one instance
+    /// on this executor ([`crate::exchange`]).
+    fn run_exchange(&self, task: TaskDefinition) -> Result<Boxed<FlightData>, Status> {
+        let key = (task.job_id.clone(), task.stage_id, task.task_id);
+        let partition = task.partition_id as usize;
+        let stream = self
+            .producers
+            .execute(key, partition, || {
+                let ctx = self
+                    .task_context(&task)
+                    .map_err(|s| DataFusionError::Execution(s.message().to_string()))?;
+                let plan = self.decode_plan(&task, &ctx)?;
+                let plan = PartitionSubsetExec::for_task(plan, task.task_id as usize)?;
+                tracing::info!(
+                    executor = %self.stages.name,
+                    query = %task.job_id,
+                    stage = task.stage_id,
+                    task = task.task_id,
+                    "starting an exchange producer"
+                );
+                Ok((plan, Arc::new(ctx)))
+            })
+            .map_err(stage_error)?;
+        tracing::debug!(
+            executor = %self.stages.name,
+            query = %task.job_id,
+            stage = task.stage_id,
+            task = task.task_id,
+            partition,
+            "streaming an exchange partition"
+        );
+        Ok(flight_stream(stream))
+    }
+}
+
+/// A plan's batches as Flight messages: the schema, then each batch.
+fn flight_stream(stream: SendableRecordBatchStream) -> Boxed<FlightData> {
+    let schema = stream.schema();
+    // Only this batch's bytes go over the wire (string views share buffers).
+    let batches = stream
+        .and_then(|b| futures::future::ready(basin_connectors::views::compact_views(b)))
+        .map_err(|e| FlightError::Tonic(Box::new(stage_error(e))));
+    let flight = FlightDataEncoderBuilder::new()
+        .with_schema(schema)
+        .build(batches)
+        .map_err(Status::from);
+    Box::pin(flight)
 }
 
 /// The error as the user should read it: the message without DataFusion's kind prefix.
@@ -151,13 +207,16 @@ impl FlightService for ExecutorFlight {
         &self,
         request: Request<Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
-        match decode_stage_ticket(&request.get_ref().ticket) {
-            Some(task) => {
-                let task = task.map_err(|e| Status::invalid_argument(e.to_string()))?;
-                Ok(Response::new(self.run_stage(task)?))
-            }
-            None => self.shuffle.do_get(request).await,
+        let ticket = &request.get_ref().ticket;
+        if let Some(task) = decode_stage_ticket(ticket) {
+            let task = task.map_err(|e| Status::invalid_argument(e.to_string()))?;
+            return Ok(Response::new(self.run_stage(task)?));
         }
+        if let Some(task) = decode_exchange_ticket(ticket) {
+            let task = task.map_err(|e| Status::invalid_argument(e.to_string()))?;
+            return Ok(Response::new(self.run_exchange(task)?));
+        }
+        self.shuffle.do_get(request).await
     }
 
     async fn handshake(
@@ -238,6 +297,7 @@ pub(crate) fn provider(
     listener: std::net::TcpListener,
 ) -> Arc<ArrowFlightServerProvider> {
     let listener = std::sync::Mutex::new(Some(listener));
+    let producers = crate::exchange::Producers::default();
     Arc::new(
         move |work_dir: String,
               address: SocketAddr,
@@ -246,6 +306,7 @@ pub(crate) fn provider(
             let service = ExecutorFlight {
                 shuffle: BallistaFlightService::new(work_dir),
                 stages: stages.clone(),
+                producers: producers.clone(),
             };
             let reserved = listener
                 .lock()

@@ -82,6 +82,7 @@ macro_rules! rebuilt_as_original {
 mod conjunction;
 pub mod decimal;
 mod engine;
+pub mod exchange;
 mod fast;
 mod flight;
 mod like;

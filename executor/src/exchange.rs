@@ -1,0 +1,228 @@
+//! The producer side of exchanges ([`basin_connectors::exchange`]): one instance of each
+//! producer task's plan per executor, whose output partitions are served once each, to the
+//! consumers that ask for them.
+//!
+//! ```text
+//!  consumer ──DoGet(BASIN-EXCHANGE: query, stage, task t, partition j, plan)──► executor
+//!           first ticket of (query, stage, t): decode the plan, keep it here
+//!           every ticket: execute partition j of that one instance, stream it back
+//! ```
+//!
+//! An instance is forgotten once every one of its partitions was asked for (the streams
+//! keep what they need), or when no partition was asked for in [`PRODUCER_IDLE`] (a query
+//! cancelled before all its consumers started). At most [`MAX_PRODUCERS`] instances live
+//! at once on an executor.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use datafusion::error::{DataFusionError, Result};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::physical_plan::ExecutionPlan;
+
+/// The most producer instances an executor keeps at once (every stage of every query
+/// running here with an exchange counts one per task).
+pub const MAX_PRODUCERS: usize = 512;
+
+/// How long a producer instance waits for the consumers of its other partitions.
+pub const PRODUCER_IDLE: Duration = Duration::from_secs(60);
+
+/// How long a forgotten producer is remembered, so that a late ticket fails clearly
+/// instead of running the plan a second time.
+const REMEMBER_FORGOTTEN: Duration = Duration::from_secs(600);
+
+/// (query, stage, task).
+pub(crate) type ProducerKey = (String, u32, u32);
+
+struct Instance {
+    plan: Arc<dyn ExecutionPlan>,
+    context: Arc<TaskContext>,
+    /// Output partitions asked for already.
+    served: Vec<bool>,
+    left: usize,
+    last_used: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    live: HashMap<ProducerKey, Instance>,
+    /// Producers forgotten, and when.
+    forgotten: HashMap<ProducerKey, Instant>,
+    sweeping: bool,
+}
+
+/// The producer instances of this executor.
+#[derive(Clone, Default)]
+pub(crate) struct Producers {
+    state: Arc<Mutex<State>>,
+}
+
+impl Producers {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `key` has an instance here.
+    pub(crate) fn has(&self, key: &ProducerKey) -> bool {
+        self.lock().live.contains_key(key)
+    }
+
+    /// Runs output partition `partition` of `key`'s instance, made by `make` (a decoded
+    /// plan and its context) when it is the first ticket for `key`.
+    pub(crate) fn execute(
+        &self,
+        key: ProducerKey,
+        partition: usize,
+        make: impl FnOnce() -> Result<(Arc<dyn ExecutionPlan>, Arc<TaskContext>)>,
+    ) -> Result<SendableRecordBatchStream> {
+        let name = || format!("exchange {} stage {} task {}", key.0, key.1, key.2);
+        let made = if self.has(&key) { None } else { Some(make()?) };
+        let (plan, context) = {
+            let mut state = self.lock();
+            let now = Instant::now();
+            sweep(&mut state, now);
+            if state.forgotten.contains_key(&key) {
+                return Err(DataFusionError::Execution(format!(
+                    "{}: its producer was already done or waited more than {}s for its \
+                     consumers: run the query again",
+                    name(),
+                    PRODUCER_IDLE.as_secs()
+                )));
+            }
+            if !state.live.contains_key(&key) {
+                let Some((plan, context)) = made else {
+                    return Err(DataFusionError::Internal(format!(
+                        "{}: its producer vanished",
+                        name()
+                    )));
+                };
+                if state.live.len() >= MAX_PRODUCERS {
+                    return Err(DataFusionError::ResourcesExhausted(format!(
+                        "{}: this executor runs {MAX_PRODUCERS} exchange producers already \
+                         (basin_executor::exchange::MAX_PRODUCERS): too many distributed \
+                         queries at once, run it again later",
+                        name()
+                    )));
+                }
+                let n = plan.properties().partitioning.partition_count();
+                state.live.insert(
+                    key.clone(),
+                    Instance {
+                        plan,
+                        context,
+                        served: vec![false; n],
+                        left: n,
+                        last_used: now,
+                    },
+                );
+                if !state.sweeping {
+                    state.sweeping = true;
+                    spawn_sweeper(Arc::downgrade(&self.state));
+                }
+            }
+            let instance = state.live.get_mut(&key).expect("inserted above");
+            let n = instance.served.len();
+            match instance.served.get_mut(partition) {
+                None => {
+                    return Err(DataFusionError::Internal(format!(
+                        "{}: partition {partition} of a producer with {n} partitions",
+                        name()
+                    )));
+                }
+                Some(true) => {
+                    return Err(DataFusionError::Execution(format!(
+                        "{}: partition {partition} was read already (a consumer ran twice?)",
+                        name()
+                    )));
+                }
+                Some(served) => *served = true,
+            }
+            instance.left -= 1;
+            instance.last_used = now;
+            let taken = (instance.plan.clone(), instance.context.clone());
+            if instance.left == 0 {
+                state.live.remove(&key);
+                state.forgotten.insert(key.clone(), now);
+            }
+            taken
+        };
+        plan.execute(partition, context)
+    }
+}
+
+/// Forgets instances idle for [`PRODUCER_IDLE`], and forgotten keys after
+/// [`REMEMBER_FORGOTTEN`].
+fn sweep(state: &mut State, now: Instant) {
+    let idle: Vec<ProducerKey> = state
+        .live
+        .iter()
+        .filter(|(_, i)| now.duration_since(i.last_used) >= PRODUCER_IDLE)
+        .map(|(k, _)| k.clone())
+        .collect();
+    for key in idle {
+        tracing::warn!(
+            query = %key.0,
+            stage = key.1,
+            task = key.2,
+            "exchange producer dropped: its other consumers did not come"
+        );
+        state.live.remove(&key);
+        state.forgotten.insert(key, now);
+    }
+    state
+        .forgotten
+        .retain(|_, at| now.duration_since(*at) < REMEMBER_FORGOTTEN);
+}
+
+fn spawn_sweeper(state: Weak<Mutex<State>>) {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(PRODUCER_IDLE / 4).await;
+            let Some(state) = state.upgrade() else { return };
+            let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
+            sweep(&mut state, Instant::now());
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::arrow::datatypes::Schema;
+    use datafusion::physical_expr::Partitioning;
+    use datafusion::physical_plan::empty::EmptyExec;
+    use datafusion::physical_plan::repartition::RepartitionExec;
+
+    fn producer() -> Result<(Arc<dyn ExecutionPlan>, Arc<TaskContext>)> {
+        let input = Arc::new(EmptyExec::new(Arc::new(Schema::empty())).with_partitions(2));
+        let plan = RepartitionExec::try_new(input, Partitioning::RoundRobinBatch(3))?;
+        Ok((Arc::new(plan), Arc::new(TaskContext::default())))
+    }
+
+    #[tokio::test]
+    async fn each_partition_is_served_once_from_one_instance_then_forgotten() {
+        let producers = Producers::default();
+        let key: ProducerKey = ("q".into(), 1, 0);
+        let mut made = 0;
+        for p in [2, 0] {
+            producers
+                .execute(key.clone(), p, || {
+                    made += 1;
+                    producer()
+                })
+                .unwrap();
+        }
+        assert_eq!(made, 1);
+        let Err(again) = producers.execute(key.clone(), 0, producer) else {
+            panic!("partition 0 served twice");
+        };
+        assert!(again.to_string().contains("read already"), "{again}");
+        producers.execute(key.clone(), 1, producer).unwrap();
+        assert!(!producers.has(&key));
+        let Err(late) = producers.execute(key, 1, producer) else {
+            panic!("a forgotten producer made again");
+        };
+        assert!(late.to_string().contains("already done"), "{late}");
+    }
+}
