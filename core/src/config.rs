@@ -75,6 +75,10 @@ pub struct ServerConfig {
     /// data files, generated `tpch` tables) runs whole on one executor, streamed back, instead
     /// of as a Ballista job spread over the cluster; 0 turns this off. Needs streamed stages.
     pub single_node_max_bytes: u64,
+    /// A query too big for one executor (joins, GROUP BY, windows) runs over every executor
+    /// in stages that stream rows to each other over Arrow Flight (hash-repartition
+    /// exchanges, no shuffle files) instead of as a Ballista job. Needs streamed stages.
+    pub streamed_exchanges: bool,
     /// The longest a Flight SQL client's query may run, in seconds, from the moment its result is asked for
     /// (or a statement is sent) to its last row; longer ones are cancelled with an error.
     /// 0 = no limit. A session may set a shorter one (`SET basin.query_timeout_seconds`).
@@ -94,6 +98,7 @@ impl Default for ServerConfig {
             target_partitions: 0,
             streamed_stages: true,
             single_node_max_bytes: 1 << 30,
+            streamed_exchanges: false,
             query_timeout_seconds: 0,
             front_end_memory_limit: None,
         }

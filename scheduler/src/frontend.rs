@@ -79,6 +79,7 @@ pub fn connect(
         &state,
         cluster,
         config.server.single_node_max_bytes,
+        config.server.streamed_exchanges,
     );
     // Build sides by rows right after DataFusion's join selection, before distribution and
     // sorting are settled around them.
@@ -190,6 +191,8 @@ struct BasinQueryPlanner {
     cluster: Option<ClusterView>,
     /// `[server] single_node_max_bytes`: small queries run whole on one executor.
     single_node_max_bytes: u64,
+    /// `[server] streamed_exchanges`: bigger ones run in stages streaming to each other.
+    streamed_exchanges: bool,
 }
 
 impl std::fmt::Debug for BasinQueryPlanner {
@@ -204,6 +207,7 @@ impl BasinQueryPlanner {
         state: &SessionState,
         cluster: Option<ClusterView>,
         single_node_max_bytes: u64,
+        streamed_exchanges: bool,
     ) -> Self {
         let config = state.config().ballista_config();
         Self {
@@ -215,6 +219,7 @@ impl BasinQueryPlanner {
             local: DefaultPhysicalPlanner::default(),
             cluster,
             single_node_max_bytes,
+            streamed_exchanges,
         }
     }
 }
@@ -302,13 +307,39 @@ impl BasinQueryPlanner {
             return Ok(None);
         }
         let one_stage = streamed::may_stream(plan);
-        if !one_stage && (self.single_node_max_bytes == 0 || !streamed::may_run_on_one_node(plan)) {
-            return Ok(None);
-        }
         if one_stage {
             let physical = self.local.create_physical_plan(plan, state).await?;
             return Ok(streamed::stream_stage(physical, executors));
         }
+        if !streamed::may_run_on_one_node(plan) {
+            return Ok(None);
+        }
+        if self.single_node_max_bytes > 0
+            && let Some(one_node) = self.plan_one_node(plan, state, executors).await?
+        {
+            return Ok(Some(one_node));
+        }
+        if !self.streamed_exchanges {
+            return Ok(None);
+        }
+        // Too big for one executor: stages over all of them, streaming to each other. The
+        // session's settings are the cluster's (partitioned joins, which spill as
+        // sort-merge joins); a stage that still runs out of memory runs again as a job.
+        let physical = self.local.create_physical_plan(plan, state).await?;
+        let Some(exchanges) = crate::exchange::plan_exchanges(physical, executors) else {
+            return Ok(None);
+        };
+        let job = self.plan_job(plan, state).await?;
+        Ok(Some(crate::memory::or_as_job(exchanges, job)))
+    }
+
+    /// The query whole on one executor, when it is small enough.
+    async fn plan_one_node(
+        &self,
+        plan: &LogicalPlan,
+        state: &SessionState,
+        executors: &[ExecutorInfo],
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         // Planned for the cores of the executor that will run it, with hash joins: the
         // scans are bounded by `single_node_max_bytes` and by what one query may hold on
         // that executor, so the build sides fit in memory (sort-merge joins, the cluster's

@@ -13,6 +13,7 @@
 pub mod aggregate_statistics;
 pub mod distinct;
 pub mod empty_projections;
+mod exchange;
 pub mod flight_sql;
 pub mod frontend;
 mod job_errors;

@@ -415,7 +415,7 @@ fn one_stage(plan: &Arc<dyn ExecutionPlan>) -> bool {
 /// Operators that may run here, above the streamed stage: merges, and cheap work on the
 /// merged rows (the final step of an ungrouped aggregate, projections, filters, limits,
 /// top-N). Anything heavier keeps the query on the cluster.
-fn light_above_stage(plan: &Arc<dyn ExecutionPlan>) -> bool {
+pub(crate) fn light_above_stage(plan: &Arc<dyn ExecutionPlan>) -> bool {
     let any = plan.as_any();
     if let Some(agg) = any.downcast_ref::<AggregateExec>() {
         return matches!(agg.mode(), AggregateMode::Final | AggregateMode::Single)
@@ -442,6 +442,9 @@ pub struct StreamedStageExec {
     id: String,
     /// The query counted as running on its executor, when it runs whole on one.
     running: Option<Arc<Running>>,
+    /// Whether a partition may run again on another executor when its executor is lost
+    /// before it sent a row (not when it reads exchanges: their partitions are read once).
+    moves: bool,
 }
 
 impl fmt::Debug for StreamedStageExec {
@@ -454,7 +457,10 @@ impl fmt::Debug for StreamedStageExec {
 }
 
 impl StreamedStageExec {
-    fn try_new(input: Arc<dyn ExecutionPlan>, executors: &[ExecutorInfo]) -> Result<Self> {
+    pub(crate) fn try_new(
+        input: Arc<dyn ExecutionPlan>,
+        executors: &[ExecutorInfo],
+    ) -> Result<Self> {
         let codec = physical_codec();
         let node = PhysicalPlanNode::try_from_physical_plan(input.clone(), codec.as_ref())?;
         let mut encoded = vec![];
@@ -466,7 +472,14 @@ impl StreamedStageExec {
             first: NEXT_EXECUTOR.fetch_add(1, Ordering::Relaxed),
             id: format!("stream-{}", uuid::Uuid::new_v4().simple()),
             running: None,
+            moves: true,
         })
+    }
+
+    /// The stage with partitions that never move to another executor.
+    pub(crate) fn fixed(mut self) -> Self {
+        self.moves = false;
+        self
     }
 
     /// The executor that runs `partition`.
@@ -512,6 +525,7 @@ impl ExecutionPlan for StreamedStageExec {
                 let mut stage = Self::try_new(input, &self.executors)?;
                 stage.first = self.first;
                 stage.running = self.running.clone();
+                stage.moves = self.moves;
                 Ok(Arc::new(stage))
             }
             _ => Err(DataFusionError::Internal(
@@ -566,6 +580,7 @@ impl StreamedStageExec {
         };
         let ticket = Ticket::new(encode_stage_ticket(&task));
         let fallback = match &self.running {
+            _ if !self.moves => Fallback::Never,
             Some(running) => Fallback::OneExecutor(running.clone()),
             None => Fallback::Spread(self.executors.clone()),
         };
@@ -658,6 +673,8 @@ enum Fallback {
     /// A partition of a stage spread over these executors: the next of them still in
     /// placement.
     Spread(Arc<[ExecutorInfo]>),
+    /// A partition that reads exchanges: it stays where it is.
+    Never,
 }
 
 impl Fallback {
@@ -676,6 +693,7 @@ impl Fallback {
                     .find(|e| e.id != lost.id && !is_out(&e.id))
                     .map(|e| (e.clone(), None))
             }
+            Fallback::Never => None,
         }
     }
 }
@@ -782,6 +800,11 @@ impl PartitionStream {
             return Err(lost(
                 "the executor was lost after it sent rows, so the query does not run again \
                  elsewhere (its rows would repeat): run it again",
+            ));
+        }
+        if matches!(self.fallback, Fallback::Never) {
+            return Err(lost(
+                "a partition reading exchanges does not run again elsewhere: run the query again",
             ));
         }
         if self.moved {

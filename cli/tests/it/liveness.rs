@@ -39,19 +39,24 @@ fn free_port() -> u16 {
 }
 
 /// The scheduler and the executors, killed when dropped.
-struct Cluster {
+pub(crate) struct Cluster {
     dir: Scratch,
     scheduler_port: u16,
     flight_sql_port: u16,
     /// Flight port of each executor (kept when it is started again).
-    executor_ports: Vec<u16>,
+    pub(crate) executor_ports: Vec<u16>,
     processes: Vec<(String, Child)>,
 }
 
 impl Cluster {
     fn start(executors: usize) -> Self {
-        let dir = scratch_dir("liveness");
-        std::fs::write(dir.join("basin.toml"), CONFIG).expect("write basin.toml");
+        Self::start_with(executors, CONFIG)
+    }
+
+    /// A cluster of `executors` executors whose `basin.toml` is `config`.
+    pub(crate) fn start_with(executors: usize, config: &str) -> Self {
+        let dir = scratch_dir("cluster");
+        std::fs::write(dir.join("basin.toml"), config).expect("write basin.toml");
         let mut cluster = Self {
             dir,
             scheduler_port: free_port(),
@@ -109,7 +114,7 @@ impl Cluster {
     }
 
     /// Kills process `name` with SIGKILL.
-    fn kill(&mut self, name: &str) {
+    pub(crate) fn kill(&mut self, name: &str) {
         let at = self
             .processes
             .iter()
@@ -168,19 +173,19 @@ impl Cluster {
         }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("grpc://127.0.0.1:{}", self.flight_sql_port)
     }
 
     /// Runs `sql` with `basin sql`, results as CSV.
-    fn sql(&self, sql: &str) -> Output {
+    pub(crate) fn sql(&self, sql: &str) -> Output {
         Command::new(env!("CARGO_BIN_EXE_basin"))
             .args(["sql", &self.url(), "--format", "csv", "-e", sql])
             .run_within()
     }
 
     /// Runs `sql`, which must return `expected`, and says how long it took.
-    fn expect(&self, sql: &str, expected: &str) -> Duration {
+    pub(crate) fn expect(&self, sql: &str, expected: &str) -> Duration {
         let start = Instant::now();
         let out = self.sql(sql);
         let took = start.elapsed();
@@ -194,18 +199,18 @@ impl Cluster {
         took
     }
 
-    fn log(&self, name: &str) -> String {
+    pub(crate) fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()
     }
 
-    fn log_tail(&self, name: &str) -> String {
+    pub(crate) fn log_tail(&self, name: &str) -> String {
         let log = self.log(name);
         let lines: Vec<&str> = log.lines().collect();
         lines[lines.len().saturating_sub(60)..].join("\n")
     }
 
     /// How many lines of `name`'s log contain `what`.
-    fn count(&self, name: &str, what: &str) -> usize {
+    pub(crate) fn count(&self, name: &str, what: &str) -> usize {
         self.log(name).lines().filter(|l| l.contains(what)).count()
     }
 }
@@ -319,7 +324,7 @@ fn an_executor_killed_between_queries_is_passed_over_and_used_again_once_restart
 
 /// Runs `sql` in the background: returns the process and a thread counting the lines of
 /// its output (which is dropped).
-fn start_query(cluster: &Cluster, sql: &str) -> (Child, std::thread::JoinHandle<usize>) {
+pub(crate) fn start_query(cluster: &Cluster, sql: &str) -> (Child, std::thread::JoinHandle<usize>) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_basin"))
         .args(["sql", &cluster.url(), "--format", "csv", "-e", sql])
         .stdin(Stdio::null())
@@ -342,7 +347,7 @@ fn start_query(cluster: &Cluster, sql: &str) -> (Child, std::thread::JoinHandle<
 }
 
 /// Waits for `child` to end, at most `limit`; returns its stderr and whether it succeeded.
-fn finish(mut child: Child, limit: Duration) -> (bool, String) {
+pub(crate) fn finish(mut child: Child, limit: Duration) -> (bool, String) {
     let start = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().expect("wait") {

@@ -1,5 +1,6 @@
 //! Integration tests of the `basin` binary: one test binary for the crate.
 
+mod exchange;
 mod federation;
 mod iceberg;
 mod liveness;
