@@ -40,6 +40,10 @@ pub struct ScanPlanStats {
     /// Data files left after partition and statistics pruning.
     pub files_planned: u64,
     pub bytes_planned: u64,
+    /// Bytes of the columns read in the planned files (the manifests' column sizes, whole
+    /// files), when every planned file records them: what the route choice sizes a query by.
+    #[serde(default)]
+    pub column_bytes_planned: Option<u64>,
     /// Delete files applied to the planned files.
     pub delete_files: u64,
     /// The Iceberg predicate used for pruning.
@@ -202,7 +206,7 @@ impl DisplayAs for IcebergScanExec {
         write!(
             f,
             "IcebergScanExec: table={}, snapshot={}, partitions={}, files={} of {} \
-             (pruned {} by partition and statistics), bytes={}, delete_files={}, columns=[{}]",
+             (pruned {} by partition and statistics), bytes={}{}, delete_files={}, columns=[{}]",
             self.spec.table,
             self.spec
                 .snapshot_id
@@ -212,6 +216,8 @@ impl DisplayAs for IcebergScanExec {
             s.files_total,
             s.files_total.saturating_sub(s.files_planned),
             s.bytes_planned,
+            s.column_bytes_planned
+                .map_or_else(String::new, |b| format!(", column_bytes={b}")),
             s.delete_files,
             self.spec.output_fields.join(", ")
         )?;

@@ -50,6 +50,8 @@ struct FileMetrics {
     upper: HashMap<i32, Datum>,
     nulls: HashMap<i32, u64>,
     nans: HashMap<i32, u64>,
+    /// Bytes of each column in the file.
+    sizes: HashMap<i32, u64>,
     /// Where the file's row groups start (the manifest's `split_offsets`), if recorded.
     splits: Option<Vec<i64>>,
 }
@@ -79,6 +81,14 @@ fn keep<V>(cache: &Cache<V>, path: &str, value: V) {
     cache.insert(path.to_string(), value);
 }
 
+/// What the manifests tell of a scan's columns over the planned files.
+pub(crate) struct ScanColumns {
+    /// One per output column.
+    pub statistics: Vec<ColumnStatistics>,
+    /// Bytes of the output columns in the planned files, if every file records them.
+    pub bytes: Option<u64>,
+}
+
 /// Statistics for `schema`'s columns (the output of a scan of `version`) over the planned
 /// files, or `None` when the manifests cannot be read (the plan goes on without).
 pub(crate) async fn column_statistics(
@@ -88,7 +98,7 @@ pub(crate) async fn column_statistics(
     planned: &HashSet<&str>,
     schema: &SchemaRef,
     version: &Schema,
-) -> Option<Vec<ColumnStatistics>> {
+) -> Option<ScanColumns> {
     let field_ids: Vec<i32> = schema
         .fields()
         .iter()
@@ -104,9 +114,13 @@ pub(crate) async fn column_statistics(
         })
         .collect();
     let mut seen = 0usize;
+    let mut bytes = Some(0u64);
     let files = manifests.iter().flat_map(|m| m.iter());
     for (_, file) in files.filter(|(path, _)| planned.contains(path.as_str())) {
         seen += 1;
+        bytes = field_ids
+            .iter()
+            .fold(bytes, |sum, id| Some(sum? + file.sizes.get(id)?));
         for ((stat, id), field) in stats.iter_mut().zip(&field_ids).zip(schema.fields()) {
             stat.null_count = no_nulls(stat.null_count, file.nulls.get(id).copied());
             let data_type = field.data_type();
@@ -128,7 +142,10 @@ pub(crate) async fn column_statistics(
             }
         }
     }
-    (seen == planned.len()).then_some(stats)
+    (seen == planned.len()).then_some(ScanColumns {
+        statistics: stats,
+        bytes,
+    })
 }
 
 /// The null count of a column over one more file: zero while every file so far recorded
@@ -206,6 +223,7 @@ async fn manifest_metrics(table: &Table, manifest: &ManifestFile) -> Option<Arc<
                 upper: file.upper_bounds().clone(),
                 nulls: file.null_value_counts().clone(),
                 nans: file.nan_value_counts().clone(),
+                sizes: file.column_sizes().clone(),
                 splits: file.split_offsets().map(<[i64]>::to_vec),
             },
         );

@@ -410,6 +410,7 @@ impl IcebergTableProvider {
         let mut tasks: Vec<FileScanTask> = Vec::new();
         let mut files_total = 0u64;
         let mut column_stats = None;
+        let mut column_bytes = None;
         let mut row_groups = HashMap::new();
         if let Some(snapshot_id) = self.spec.snapshot_id {
             let table = self.spec.table()?;
@@ -450,7 +451,7 @@ impl IcebergTableProvider {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(tasks.len() as u64);
             let planned = tasks.iter().map(|t| t.data_file_path.as_str()).collect();
-            column_stats = column_statistics(
+            let columns = column_statistics(
                 &table,
                 &self.spec.metadata,
                 snapshot_id,
@@ -459,6 +460,8 @@ impl IcebergTableProvider {
                 &version_schema,
             )
             .await;
+            column_bytes = columns.as_ref().and_then(|c| c.bytes);
+            column_stats = columns.map(|c| c.statistics);
             let bytes = tasks.iter().map(|t| t.length).sum();
             if tasks.len()
                 < wanted_partitions(bytes, self.spec.options.split_size, target_partitions)
@@ -477,6 +480,7 @@ impl IcebergTableProvider {
             files_total,
             files_planned: tasks.len() as u64,
             bytes_planned: tasks.iter().map(|t| t.length).sum(),
+            column_bytes_planned: column_bytes,
             delete_files: tasks.iter().map(|t| t.deletes.len() as u64).sum(),
             predicate: predicate.map(|p| p.to_string()),
         };
