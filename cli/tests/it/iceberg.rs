@@ -416,6 +416,39 @@ fn scans_carry_column_bounds_from_the_manifests() {
     let _ = std::fs::remove_dir_all(&data);
 }
 
+/// `bytes=` and `column_bytes=` of the first Iceberg scan in an EXPLAIN.
+fn scan_bytes(plan: &str) -> (u64, u64) {
+    let number = |key: &str| -> u64 {
+        let at = plan.find(key).unwrap_or_else(|| panic!("{key} in {plan}")) + key.len();
+        let digits: String = plan[at..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.parse().expect(plan)
+    };
+    (number(" bytes="), number("column_bytes="))
+}
+
+#[test]
+fn scans_are_sized_by_the_columns_they_read() {
+    // The route choice (`[server] single_node_max_bytes`) reads a scan's size: the bytes of
+    // its columns in the manifests, not its whole files (TPC-DS Q14 read 122 MB of 2 GB).
+    let data = scratch_dir("lake-column-bytes");
+    let one = ok(
+        &data,
+        "CREATE SCHEMA lake.s; \
+         CREATE TABLE lake.s.o AS SELECT * FROM tpch.tiny.orders; \
+         EXPLAIN SELECT sum(o_totalprice) FROM lake.s.o",
+    );
+    let all = ok(&data, "EXPLAIN SELECT * FROM lake.s.o");
+    let (files, price) = scan_bytes(&one);
+    let (same_files, every_column) = scan_bytes(&all);
+    assert_eq!(files, same_files, "{one}\n{all}");
+    assert!(0 < price && price < every_column / 3, "{one}\n{all}");
+    assert!(every_column <= files, "{all}");
+    let _ = std::fs::remove_dir_all(&data);
+}
+
 #[test]
 fn unreachable_rest_catalog_is_a_clear_error() {
     let data = scratch_dir("lake-unreachable");
