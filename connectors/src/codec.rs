@@ -716,28 +716,44 @@ const STAGE_TICKET: &[u8] = b"BASIN-STAGE\0";
 /// A Flight ticket for one partition of a streamed stage: [`STAGE_TICKET`] + a Ballista
 /// `TaskDefinition` (plan encoded with [`physical_codec`], partition, session settings).
 pub fn encode_stage_ticket(task: &ballista_core::serde::protobuf::TaskDefinition) -> Vec<u8> {
+    encode_ticket(STAGE_TICKET, task)
+}
+
+/// `prefix` and `task`: a Flight ticket executors tell from Ballista's shuffle fetches by its
+/// prefix.
+pub(crate) fn encode_ticket(
+    prefix: &[u8],
+    task: &ballista_core::serde::protobuf::TaskDefinition,
+) -> Vec<u8> {
     use prost::Message;
-    let mut buf = Vec::with_capacity(STAGE_TICKET.len() + task.encoded_len());
-    buf.extend_from_slice(STAGE_TICKET);
-    task.encode(&mut buf)
-        .expect("a Vec grows to hold any message");
+    let mut buf = prefix.to_vec();
+    buf.extend_from_slice(&task.encode_to_vec());
     buf
+}
+
+/// The task of a ticket made by [`encode_ticket`] with `prefix`; `None` when `ticket` has
+/// another prefix. `kind` names the ticket in the error of a corrupt one.
+pub(crate) fn decode_ticket(
+    prefix: &[u8],
+    kind: &str,
+    ticket: &[u8],
+) -> Option<Result<ballista_core::serde::protobuf::TaskDefinition>> {
+    use prost::Message;
+    let payload = ticket.strip_prefix(prefix)?;
+    Some(
+        ballista_core::serde::protobuf::TaskDefinition::decode(payload).map_err(|e| {
+            DataFusionError::Internal(format!(
+                "corrupt {kind} ticket (are scheduler and executors the same Basin version?): {e}"
+            ))
+        }),
+    )
 }
 
 /// The task of a streamed-stage ticket; `None` when `ticket` is not one (a shuffle fetch).
 pub fn decode_stage_ticket(
     ticket: &[u8],
 ) -> Option<Result<ballista_core::serde::protobuf::TaskDefinition>> {
-    use prost::Message;
-    let payload = ticket.strip_prefix(STAGE_TICKET)?;
-    Some(
-        ballista_core::serde::protobuf::TaskDefinition::decode(payload).map_err(|e| {
-            DataFusionError::Internal(format!(
-                "corrupt streamed-stage ticket (are scheduler and executors the same Basin \
-                 version?): {e}"
-            ))
-        }),
-    )
+    decode_ticket(STAGE_TICKET, "streamed-stage", ticket)
 }
 
 #[cfg(test)]

@@ -54,23 +54,12 @@ const EXCHANGE_TICKET: &[u8] = b"BASIN-EXCHANGE\0";
 /// `stage_id` of query `job_id`: [`EXCHANGE_TICKET`] + a Ballista `TaskDefinition` whose
 /// plan is the producer's (encoded with Basin's physical codec).
 pub fn encode_exchange_ticket(task: &TaskDefinition) -> Vec<u8> {
-    use prost::Message;
-    let mut buf = Vec::with_capacity(EXCHANGE_TICKET.len() + task.encoded_len());
-    buf.extend_from_slice(EXCHANGE_TICKET);
-    task.encode(&mut buf)
-        .expect("a Vec grows to hold any message");
-    buf
+    crate::codec::encode_ticket(EXCHANGE_TICKET, task)
 }
 
 /// The task of an exchange ticket; `None` when `ticket` is not one.
 pub fn decode_exchange_ticket(ticket: &[u8]) -> Option<Result<TaskDefinition>> {
-    use prost::Message;
-    let payload = ticket.strip_prefix(EXCHANGE_TICKET)?;
-    Some(TaskDefinition::decode(payload).map_err(|e| {
-        DataFusionError::Internal(format!(
-            "corrupt exchange ticket (are scheduler and executors the same Basin version?): {e}"
-        ))
-    }))
+    crate::codec::decode_ticket(EXCHANGE_TICKET, "exchange", ticket)
 }
 
 /// The input partitions `p` with `p mod tasks = task`, renumbered from 0: what one producer

@@ -121,7 +121,12 @@ impl Producers {
                     spawn_sweeper(Arc::downgrade(&self.state));
                 }
             }
-            let instance = state.live.get_mut(&key).expect("inserted above");
+            let Some(instance) = state.live.get_mut(&key) else {
+                return Err(DataFusionError::Internal(format!(
+                    "{}: its producer vanished",
+                    name()
+                )));
+            };
             let n = instance.served.len();
             match instance.served.get_mut(partition) {
                 None => {

@@ -215,23 +215,17 @@ fn descend(plan: &LogicalPlan, keys: &[Column], semi: &Semi) -> Result<Option<Lo
 /// a semi join on a dimension's column (TPC-DS Q70: `s_state IN (…)` beside store sales of
 /// twelve months) belongs on the dimension, below the join with the filtered sales.
 fn filtered_table(plan: &LogicalPlan) -> bool {
-    match plan {
-        LogicalPlan::Filter(f) => single_table(&f.input),
-        LogicalPlan::TableScan(scan) => !scan.filters.is_empty(),
-        LogicalPlan::Projection(p) => filtered_table(&p.input),
-        LogicalPlan::SubqueryAlias(a) => filtered_table(&a.input),
-        _ => false,
-    }
+    one_table(plan) == Some(true)
 }
 
-/// Whether `plan` reads one table through filters, projections and aliases.
-fn single_table(plan: &LogicalPlan) -> bool {
+/// `Some(filtered)` when `plan` reads one table through filters, projections and aliases.
+fn one_table(plan: &LogicalPlan) -> Option<bool> {
     match plan {
-        LogicalPlan::TableScan(_) => true,
-        LogicalPlan::Filter(f) => single_table(&f.input),
-        LogicalPlan::Projection(p) => single_table(&p.input),
-        LogicalPlan::SubqueryAlias(a) => single_table(&a.input),
-        _ => false,
+        LogicalPlan::TableScan(scan) => Some(!scan.filters.is_empty()),
+        LogicalPlan::Filter(f) => one_table(&f.input).map(|_| true),
+        LogicalPlan::Projection(p) => one_table(&p.input),
+        LogicalPlan::SubqueryAlias(a) => one_table(&a.input),
+        _ => None,
     }
 }
 
