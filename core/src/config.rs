@@ -86,6 +86,10 @@ pub struct ServerConfig {
     /// Memory the front end's queries (Flight SQL sessions, `basin standalone -e`) may hold
     /// together in this process; default 10 % of the machine's memory.
     pub front_end_memory_limit: Option<ByteSize>,
+    /// Memory each process may keep of Iceberg manifest lists and manifests read while
+    /// planning (file statistics, column sizes, row-group offsets), so that the next plan of
+    /// the same snapshot reads none again; least recently used first out. Default 64 MiB.
+    pub metadata_cache_size: ByteSize,
 }
 
 impl Default for ServerConfig {
@@ -101,6 +105,7 @@ impl Default for ServerConfig {
             streamed_exchanges: false,
             query_timeout_seconds: 0,
             front_end_memory_limit: None,
+            metadata_cache_size: ByteSize(64 << 20),
         }
     }
 }

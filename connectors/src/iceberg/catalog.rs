@@ -87,6 +87,7 @@ impl IcebergCatalog {
     /// Connects to the catalog `name` described by `config`. The embedded SQLite catalog and
     /// its warehouse are created under `[server] data_dir` when missing.
     pub fn connect(name: &str, config: &IcebergCatalogConfig, basin: &BasinConfig) -> Result<Self> {
+        super::stats::set_cache_bytes(basin.server.metadata_cache_size.0);
         let runtime = CatalogRuntime::new(name)?;
         let props = catalog_properties(name, config, basin)?;
         let kind = config.kind;

@@ -29,6 +29,7 @@
 //! 55 subtracts with `checked_sub`): with those, the counts can be given again.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex};
 
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
@@ -57,28 +58,133 @@ struct FileMetrics {
 }
 
 /// Manifest lists and manifests are immutable: what was read from them is kept by path for
-/// the next plans (a new snapshot reads only its new manifests).
-type Cache<V> = LazyLock<Mutex<HashMap<String, V>>>;
-static MANIFEST_LISTS: Cache<Arc<Vec<Arc<ManifestMetrics>>>> = LazyLock::new(Mutex::default);
+/// the next plans (a new snapshot reads only its new manifests). Both caches are bounded by
+/// their estimated bytes, together at most `[server] metadata_cache_size` (default 64 MiB):
+/// the least recently used entries go first, and a manifest larger than the whole cache is
+/// read again each time rather than kept.
+static MANIFEST_LISTS: Cache<Arc<Vec<ManifestFile>>> = LazyLock::new(Mutex::default);
 static MANIFESTS: Cache<Arc<ManifestMetrics>> = LazyLock::new(Mutex::default);
-const CACHED: usize = 512;
+/// The bytes both caches may hold (set from the configuration when a catalog connects).
+static CACHE_BYTES: AtomicU64 = AtomicU64::new(DEFAULT_CACHE_BYTES);
+/// `[server] metadata_cache_size`'s default (until a catalog connects).
+const DEFAULT_CACHE_BYTES: u64 = 64 << 20;
 /// Manifests read at once when a snapshot is first planned.
 const MANIFEST_READS: usize = 8;
 
+type Cache<V> = LazyLock<Mutex<Weighed<V>>>;
+
+/// Sets the bytes the manifest caches may hold together (`[server] metadata_cache_size`);
+/// entries over the new bound go at the next insert.
+pub(crate) fn set_cache_bytes(bytes: u64) {
+    CACHE_BYTES.store(bytes, Ordering::Relaxed);
+}
+
+/// Entries by path with their estimated bytes, the least recently used dropped first.
+#[derive(Debug)]
+struct Weighed<V> {
+    clock: u64,
+    bytes: u64,
+    /// path → (last use, bytes, value)
+    entries: HashMap<String, (u64, u64, V)>,
+}
+
+impl<V> Default for Weighed<V> {
+    fn default() -> Self {
+        Self {
+            clock: 0,
+            bytes: 0,
+            entries: HashMap::new(),
+        }
+    }
+}
+
+impl<V: Clone> Weighed<V> {
+    fn get(&mut self, path: &str) -> Option<V> {
+        self.clock += 1;
+        let clock = self.clock;
+        self.entries.get_mut(path).map(|(used, _, value)| {
+            *used = clock;
+            value.clone()
+        })
+    }
+
+    /// Keeps `value` if it fits in `limit` bytes, dropping the least recently used entries
+    /// until the cache does.
+    fn insert(&mut self, path: &str, value: V, bytes: u64, limit: u64) {
+        if let Some((_, old, _)) = self.entries.remove(path) {
+            self.bytes -= old;
+        }
+        if bytes > limit {
+            return;
+        }
+        while self.bytes + bytes > limit {
+            let Some(oldest) = self
+                .entries
+                .iter()
+                .min_by_key(|(_, (used, _, _))| *used)
+                .map(|(path, _)| path.clone())
+            else {
+                break;
+            };
+            if let Some((_, old, _)) = self.entries.remove(&oldest) {
+                self.bytes -= old;
+            }
+        }
+        self.clock += 1;
+        self.bytes += bytes;
+        self.entries
+            .insert(path.to_string(), (self.clock, bytes, value));
+    }
+}
+
 fn cached<V: Clone>(cache: &Cache<V>, path: &str) -> Option<V> {
+    cache.lock().unwrap_or_else(|e| e.into_inner()).get(path)
+}
+
+/// Keeps `value` in `cache` within its share of `[server] metadata_cache_size`: manifests
+/// take up to nine tenths, manifest lists (a few hundred bytes per manifest) the rest.
+fn keep<V: Clone>(cache: &Cache<V>, path: &str, value: V, bytes: u64, share: f64) {
+    let limit = (CACHE_BYTES.load(Ordering::Relaxed) as f64 * share) as u64;
     cache
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .get(path)
-        .cloned()
+        .insert(path, value, bytes, limit);
 }
 
-fn keep<V>(cache: &Cache<V>, path: &str, value: V) {
-    let mut cache = cache.lock().unwrap_or_else(|e| e.into_inner());
-    if cache.len() >= CACHED {
-        cache.clear();
-    }
-    cache.insert(path.to_string(), value);
+/// Estimated bytes of one manifest's metrics in memory (hash tables at about twice their
+/// entries' size).
+fn manifest_bytes(metrics: &ManifestMetrics) -> u64 {
+    const ENTRY: usize = 2 * (std::mem::size_of::<i32>() + std::mem::size_of::<Datum>());
+    const COUNT: usize = 2 * (std::mem::size_of::<i32>() + std::mem::size_of::<u64>());
+    let datum = |bounds: &HashMap<i32, Datum>| {
+        bounds
+            .values()
+            .map(|d| match d.literal() {
+                PrimitiveLiteral::String(s) => ENTRY + s.len(),
+                PrimitiveLiteral::Binary(b) => ENTRY + b.len(),
+                _ => ENTRY,
+            })
+            .sum::<usize>()
+    };
+    let bytes: usize = metrics
+        .iter()
+        .map(|(path, file)| {
+            2 * (path.len() + std::mem::size_of::<(String, FileMetrics)>())
+                + datum(&file.lower)
+                + datum(&file.upper)
+                + COUNT * (file.nulls.len() + file.nans.len() + file.sizes.len())
+                + file.splits.as_ref().map_or(0, |s| 8 * s.len())
+        })
+        .sum();
+    bytes as u64
+}
+
+/// Estimated bytes of a manifest list's entries in memory.
+fn list_bytes(manifests: &[ManifestFile]) -> u64 {
+    manifests
+        .iter()
+        .map(|m| std::mem::size_of::<ManifestFile>() + m.manifest_path.len() + 64)
+        .sum::<usize>() as u64
 }
 
 /// What the manifests tell of a scan's columns over the planned files.
@@ -184,25 +290,32 @@ async fn snapshot_metrics(
     snapshot_id: i64,
 ) -> Option<Arc<Vec<Arc<ManifestMetrics>>>> {
     let path = metadata.snapshot_by_id(snapshot_id)?.manifest_list();
-    if let Some(hit) = cached(&MANIFEST_LISTS, path) {
-        return Some(hit);
-    }
-    let bytes = table.file_io().new_input(path).ok()?.read().await.ok()?;
-    let list = ManifestList::parse_with_version(&bytes, metadata.format_version()).ok()?;
+    let manifests = match cached(&MANIFEST_LISTS, path) {
+        Some(hit) => hit,
+        None => {
+            let bytes = table.file_io().new_input(path).ok()?.read().await.ok()?;
+            let list = ManifestList::parse_with_version(&bytes, metadata.format_version()).ok()?;
+            let data: Vec<ManifestFile> = list
+                .entries()
+                .iter()
+                .filter(|m| m.content == ManifestContentType::Data)
+                .cloned()
+                .collect();
+            let data = Arc::new(data);
+            keep(&MANIFEST_LISTS, path, data.clone(), list_bytes(&data), 0.1);
+            data
+        }
+    };
     // A new snapshot's manifests are read a few at a time, not one after another.
-    let reads: Vec<_> = list
-        .entries()
+    let reads: Vec<_> = manifests
         .iter()
-        .filter(|m| m.content == ManifestContentType::Data)
         .map(|manifest| manifest_metrics(table, manifest))
         .collect();
     let loaded: Vec<_> = futures::stream::iter(reads)
         .buffered(MANIFEST_READS)
         .collect()
         .await;
-    let manifests = Arc::new(loaded.into_iter().collect::<Option<Vec<_>>>()?);
-    keep(&MANIFEST_LISTS, path, manifests.clone());
-    Some(manifests)
+    Some(Arc::new(loaded.into_iter().collect::<Option<Vec<_>>>()?))
 }
 
 async fn manifest_metrics(table: &Table, manifest: &ManifestFile) -> Option<Arc<ManifestMetrics>> {
@@ -228,8 +341,15 @@ async fn manifest_metrics(table: &Table, manifest: &ManifestFile) -> Option<Arc<
             },
         );
     }
+    let bytes = manifest_bytes(&metrics);
     let metrics = Arc::new(metrics);
-    keep(&MANIFESTS, &manifest.manifest_path, metrics.clone());
+    keep(
+        &MANIFESTS,
+        &manifest.manifest_path,
+        metrics.clone(),
+        bytes,
+        0.9,
+    );
     Some(metrics)
 }
 
@@ -284,7 +404,60 @@ mod tests {
 
     use datafusion::common::stats::Precision;
 
-    use super::{no_nulls, scalar};
+    use super::{FileMetrics, ManifestMetrics, Weighed, manifest_bytes, no_nulls, scalar};
+
+    #[test]
+    fn the_manifest_cache_keeps_within_its_bytes_least_recently_used_out_first() {
+        let mut cache = Weighed::default();
+        cache.insert("a", 1, 40, 100);
+        cache.insert("b", 2, 40, 100);
+        assert_eq!(cache.get("a"), Some(1)); // b is now the least recently used
+        cache.insert("c", 3, 40, 100);
+        assert_eq!(
+            (cache.get("a"), cache.get("b"), cache.get("c")),
+            (Some(1), None, Some(3))
+        );
+        assert_eq!(cache.bytes, 80);
+        // Larger than the whole cache: not kept, nothing else dropped for it.
+        cache.insert("d", 4, 101, 100);
+        assert_eq!((cache.get("d"), cache.bytes), (None, 80));
+        // The same path again replaces its bytes; a lower bound drops what no longer fits.
+        cache.insert("a", 5, 10, 100);
+        assert_eq!(cache.bytes, 50);
+        cache.insert("e", 6, 30, 45);
+        assert!(
+            cache.bytes <= 45,
+            "{} bytes over a 45-byte bound",
+            cache.bytes
+        );
+        assert_eq!(cache.get("e"), Some(6));
+    }
+
+    #[test]
+    fn a_manifest_is_weighed_by_its_files_and_bounds() {
+        let file = |bounds: usize| FileMetrics {
+            lower: (0..bounds as i32)
+                .map(|i| (i, Datum::string("x".repeat(100))))
+                .collect(),
+            sizes: (0..bounds as i32).map(|i| (i, 1)).collect(),
+            ..FileMetrics::default()
+        };
+        let manifest = |files: usize, bounds: usize| -> ManifestMetrics {
+            (0..files)
+                .map(|i| (format!("s3://b/t/data/{i}.parquet"), file(bounds)))
+                .collect()
+        };
+        let (small, wide, long) = (
+            manifest_bytes(&manifest(10, 2)),
+            manifest_bytes(&manifest(10, 20)),
+            manifest_bytes(&manifest(1000, 2)),
+        );
+        assert!(small > 10 * 2 * 100, "{small}");
+        assert!(
+            wide > 4 * small && long > 50 * small,
+            "{small} {wide} {long}"
+        );
+    }
 
     #[test]
     fn null_counts_are_given_only_when_zero() {
