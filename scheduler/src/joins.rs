@@ -25,7 +25,6 @@ use std::sync::Arc;
 
 use datafusion::common::JoinType;
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::error::Result;
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
@@ -146,17 +145,10 @@ fn on_collect_left_joins(
     plan: Arc<dyn ExecutionPlan>,
     rewrite: impl Fn(&HashJoinExec) -> Result<Option<Arc<dyn ExecutionPlan>>>,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    plan.transform_up(|node| {
-        let join = match node.as_any().downcast_ref::<HashJoinExec>() {
-            Some(join) if *join.partition_mode() == PartitionMode::CollectLeft => join,
-            _ => return Ok(Transformed::no(node)),
-        };
-        Ok(match rewrite(join)? {
-            Some(rewritten) => Transformed::yes(rewritten),
-            None => Transformed::no(node),
-        })
+    crate::rewrite_each(plan, |join: &HashJoinExec| match join.partition_mode() {
+        PartitionMode::CollectLeft => rewrite(join),
+        _ => Ok(None),
     })
-    .data()
 }
 
 /// Whether `build` has more than twice the rows of `probe` by their estimates, and `probe` is

@@ -38,3 +38,27 @@ pub mod window;
 
 pub use frontend::connect;
 pub use server::{ClusterView, SchedulerHandle, SchedulerOptions, start};
+
+use std::sync::Arc;
+
+use datafusion::common::Result;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::physical_plan::ExecutionPlan;
+
+/// `plan` with each node of type `T` (bottom up) replaced by what `rewrite` makes of it, or
+/// kept when it makes nothing: the shell of Basin's physical rules.
+pub(crate) fn rewrite_each<T: ExecutionPlan + 'static>(
+    plan: Arc<dyn ExecutionPlan>,
+    rewrite: impl Fn(&T) -> Result<Option<Arc<dyn ExecutionPlan>>>,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    plan.transform_up(|node| {
+        let Some(typed) = node.as_any().downcast_ref::<T>() else {
+            return Ok(Transformed::no(node));
+        };
+        Ok(match rewrite(typed)? {
+            Some(rewritten) => Transformed::yes(rewritten),
+            None => Transformed::no(node),
+        })
+    })
+    .map(|t| t.data)
+}

@@ -25,7 +25,6 @@
 use std::sync::Arc;
 
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{JoinType, Result};
 use datafusion::physical_expr::PhysicalExprRef;
 use datafusion::physical_expr::expressions::Column;
@@ -44,16 +43,7 @@ impl PhysicalOptimizerRule for SemiJoinKeysFirst {
         plan: Arc<dyn ExecutionPlan>,
         _config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        plan.transform_up(|node| {
-            let Some(join) = node.as_any().downcast_ref::<HashJoinExec>() else {
-                return Ok(Transformed::no(node));
-            };
-            Ok(match keys_first(join)? {
-                Some(rewritten) => Transformed::yes(rewritten),
-                None => Transformed::no(node),
-            })
-        })
-        .map(|t| t.data)
+        crate::rewrite_each(plan, keys_first)
     }
 
     fn name(&self) -> &str {

@@ -10,7 +10,6 @@
 use std::sync::Arc;
 
 use datafusion::common::config::ConfigOptions;
-use datafusion::common::tree_node::{Transformed, TransformedResult, TreeNode};
 use datafusion::error::Result;
 use datafusion::functions_table::generate_series::{Empty, GenericSeriesState, TimestampValue};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
@@ -29,15 +28,12 @@ impl PhysicalOptimizerRule for SeriesProjections {
         plan: Arc<dyn ExecutionPlan>,
         _config: &ConfigOptions,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        plan.transform_up(|node| {
-            let Some(lazy) = node.as_any().downcast_ref::<LazyMemoryExec>() else {
-                return Ok(Transformed::no(node));
-            };
+        crate::rewrite_each(plan, |lazy: &LazyMemoryExec| {
             let [generator] = lazy.generators().as_slice() else {
-                return Ok(Transformed::no(node));
+                return Ok(None);
             };
             if !lazy.schema().fields().is_empty() {
-                return Ok(Transformed::no(node));
+                return Ok(None);
             }
             // The generator does not say which columns it makes: a fresh copy's first
             // batch does.
@@ -50,7 +46,7 @@ impl PhysicalOptimizerRule for SeriesProjections {
                 series.then(|| g.reset_state())
             };
             let Some(fresh) = fresh else {
-                return Ok(Transformed::no(node));
+                return Ok(None);
             };
             let first = fresh.write().generate_next_batch()?;
             let whole: Arc<dyn ExecutionPlan> = match first {
@@ -61,9 +57,8 @@ impl PhysicalOptimizerRule for SeriesProjections {
                 None => Arc::new(EmptyExec::new(lazy.schema())),
             };
             let counted = ProjectionExec::try_new(Vec::<ProjectionExpr>::new(), whole)?;
-            Ok(Transformed::yes(Arc::new(counted) as Arc<dyn ExecutionPlan>))
+            Ok(Some(Arc::new(counted) as Arc<dyn ExecutionPlan>))
         })
-        .data()
     }
 
     fn name(&self) -> &str {
