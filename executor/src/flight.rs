@@ -108,6 +108,7 @@ impl ExecutorFlight {
     fn run_stage(&self, task: TaskDefinition) -> Result<Boxed<FlightData>, Status> {
         let ctx = self.task_context(&task)?;
         let plan = self.decode_plan(&task, &ctx).map_err(stage_error)?;
+        let plan = crate::dynamic_filters::push_dynamic_filters(plan, &ctx).map_err(stage_error)?;
         let partition = task.partition_id as usize;
         let partitions = plan.properties().partitioning.partition_count();
         if partition >= partitions {

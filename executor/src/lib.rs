@@ -81,6 +81,7 @@ macro_rules! rebuilt_as_original {
 
 mod conjunction;
 pub mod decimal;
+mod dynamic_filters;
 mod engine;
 pub mod exchange;
 mod fast;

@@ -47,7 +47,9 @@ use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::Expr;
 use datafusion::logical_expr::execution_props::ExecutionProps;
 use datafusion::logical_expr::utils::conjunction;
-use datafusion::physical_expr::create_physical_expr;
+use datafusion::physical_expr::{
+    PhysicalExpr, conjunction as physical_conjunction, create_physical_expr,
+};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion_proto::bytes::Serializeable;
@@ -184,6 +186,7 @@ pub(crate) fn execute(
     by_name: &ByName,
     table_schema: &SchemaRef,
     tasks: &[FileScanTask],
+    pushed: Option<Arc<dyn PhysicalExpr>>,
     context: Arc<TaskContext>,
 ) -> Result<SendableRecordBatchStream> {
     let table = &spec.table;
@@ -239,11 +242,16 @@ pub(crate) fn execute(
         .with_parquet_file_reader_factory(Arc::new(Files {
             by_name: Arc::new(by_name.clone()),
         }));
-    if let Some(predicate) = spec
+    // The planned filters and those pushed into the plan (over the table's columns).
+    let planned = spec
         .filter
         .as_deref()
-        .and_then(|f| predicate(f, table_schema, &context))
-    {
+        .and_then(|f| predicate(f, table_schema, &context));
+    let predicate = match (planned, pushed) {
+        (Some(a), Some(b)) => Some(physical_conjunction([a, b])),
+        (a, b) => a.or(b),
+    };
+    if let Some(predicate) = predicate {
         source = source.with_predicate(predicate);
     }
     let config = FileScanConfigBuilder::new(ObjectStoreUrl::local_filesystem(), Arc::new(source))

@@ -11,11 +11,18 @@ use datafusion::arrow::compute::cast;
 use datafusion::arrow::datatypes::SchemaRef;
 use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::common::stats::Precision;
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{ColumnStatistics, Statistics};
+use datafusion::config::ConfigOptions;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::physical_expr::EquivalenceProperties;
+use datafusion::physical_expr::expressions::Column;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr, conjunction};
+use datafusion::physical_expr_common::physical_expr::is_dynamic_physical_expr;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::filter_pushdown::{
+    ChildPushdownResult, FilterPushdownPhase, FilterPushdownPropagation, PushedDown,
+};
 use datafusion::physical_plan::metrics::{ExecutionPlanMetricsSet, MetricBuilder, MetricsSet};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -108,6 +115,13 @@ pub struct IcebergScanExec {
     /// Bounds and null counts of the output columns over the planned files (from the
     /// manifests), for the planner's estimates; not sent to executors.
     column_stats: Option<Vec<ColumnStatistics>>,
+    /// Filters pushed into the plan by DataFusion's physical filter pushdown (a join's or a
+    /// TopK's dynamic filter, or a static one), in the columns of the table's Arrow schema:
+    /// row groups and pages are pruned with them when each file is opened (a dynamic filter
+    /// as it stands then). They only prune: the operators that pushed them still filter, so
+    /// they are not sent to executors, where the executor pushes its own (see
+    /// [`IcebergScanExec::handle_child_pushdown_result`]).
+    pushed: Vec<Arc<dyn PhysicalExpr>>,
 }
 
 impl IcebergScanExec {
@@ -136,7 +150,42 @@ impl IcebergScanExec {
             properties,
             metrics: ExecutionPlanMetricsSet::new(),
             column_stats: None,
+            pushed: Vec::new(),
         })
+    }
+
+    /// `filter` (over this scan's output columns) over the table's columns, when the files
+    /// are read by name and it names only columns read from them; `None`: not used.
+    fn over_table_columns(&self, filter: &Arc<dyn PhysicalExpr>) -> Option<Arc<dyn PhysicalExpr>> {
+        let by_name = self.spec.by_name.as_ref()?;
+        let mut usable = true;
+        let rewritten = Arc::clone(filter)
+            .transform_up(|e| {
+                let Some(column) = e.as_any().downcast_ref::<Column>() else {
+                    return Ok(Transformed::no(e));
+                };
+                let field = self.schema.fields().get(column.index());
+                let at = field
+                    .filter(|f| f.name() == column.name() && by_name.fields.contains_key(f.name()))
+                    .and_then(|f| self.table_schema.index_of(f.name()).ok());
+                match at {
+                    Some(at) => Ok(Transformed::yes(
+                        Arc::new(Column::new(column.name(), at)) as Arc<dyn PhysicalExpr>
+                    )),
+                    None => {
+                        usable = false;
+                        Ok(Transformed::no(e))
+                    }
+                }
+            })
+            .ok()?
+            .data;
+        usable.then_some(rewritten)
+    }
+
+    /// The filters pushed into this scan, for EXPLAIN and tests.
+    pub fn pushed_filters(&self) -> &[Arc<dyn PhysicalExpr>] {
+        &self.pushed
     }
 
     /// Column statistics for the planner (one per output column, else ignored).
@@ -153,8 +202,11 @@ impl IcebergScanExec {
     /// `count(*)`), at most `limit` rows.
     fn conform(
         &self,
+        partition: usize,
         stream: impl futures::Stream<Item = Result<RecordBatch>> + Send + 'static,
     ) -> SendableRecordBatchStream {
+        // Rows returned: what pruning (statistics, pushed and dynamic filters) left.
+        let output_rows = MetricBuilder::new(&self.metrics).output_rows(partition);
         let schema = self.schema.clone();
         let read_no_columns = self.spec.read_no_columns;
         let mut remaining = self.spec.limit;
@@ -194,6 +246,9 @@ impl IcebergScanExec {
                         Some(batch.slice(0, take))
                     }
                 };
+                if let Some(batch) = &out {
+                    output_rows.add(batch.num_rows());
+                }
                 futures::future::ready(Ok(out))
             });
         Box::pin(RecordBatchStreamAdapter::new(self.schema.clone(), stream))
@@ -226,6 +281,15 @@ impl DisplayAs for IcebergScanExec {
         }
         if let Some(limit) = self.spec.limit {
             write!(f, ", limit={limit}")?;
+        }
+        if !self.pushed.is_empty() {
+            let shown = self
+                .pushed
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .join(" AND ");
+            write!(f, ", pruning_filters=[{shown}]")?;
         }
         let reader = if self.spec.by_name.is_some() {
             "datafusion-parquet"
@@ -305,9 +369,15 @@ impl ExecutionPlan for IcebergScanExec {
         files.add(tasks.len());
         bytes.add(tasks.iter().map(|t| t.length as usize).sum());
         if let Some(by_name) = &self.spec.by_name {
-            let stream =
-                super::by_name::execute(&self.spec, by_name, &self.table_schema, &tasks, context)?;
-            return Ok(self.conform(stream));
+            let stream = super::by_name::execute(
+                &self.spec,
+                by_name,
+                &self.table_schema,
+                &tasks,
+                (!self.pushed.is_empty()).then(|| conjunction(self.pushed.iter().cloned())),
+                context,
+            )?;
+            return Ok(self.conform(partition, stream));
         }
         let file_io = FileIOBuilder::new(Arc::new(BasinStorageFactory))
             .with_props(self.spec.file_io.clone())
@@ -331,7 +401,7 @@ impl ExecutionPlan for IcebergScanExec {
         let stream = stream.map_err(move |e| {
             DataFusionError::Execution(format!("cannot read `{table}`: {}", error_text(&e)))
         });
-        Ok(self.conform(stream))
+        Ok(self.conform(partition, stream))
     }
 
     fn metrics(&self) -> Option<MetricsSet> {
@@ -348,7 +418,57 @@ impl ExecutionPlan for IcebergScanExec {
             properties: Arc::clone(&self.properties),
             metrics: ExecutionPlanMetricsSet::new(),
             column_stats: self.column_stats.clone(),
+            // A dynamic filter belongs to the operator that pushed it, and that operator's
+            // reset drops it: kept, it would prune the next run with the last run's values.
+            pushed: self
+                .pushed
+                .iter()
+                .filter(|p| !is_dynamic_physical_expr(p))
+                .cloned()
+                .collect(),
         }))
+    }
+
+    /// Filters from above (a hash join's keys on its build side, a TopK's bound, a
+    /// `FilterExec`'s predicate) prune the row groups and pages of the files read by name;
+    /// each stays with the operator that pushed it (`PushedDown::No`), as `ParquetSource`
+    /// does without `pushdown_filters`, so that no row is ever dropped by the scan alone.
+    /// Filters are not encoded for executors: a dynamic filter is updated in the process
+    /// that runs its join, so an executor that runs a whole plan pushes them again after
+    /// decoding it (`basin_executor::flight`).
+    fn handle_child_pushdown_result(
+        &self,
+        _phase: FilterPushdownPhase,
+        child_pushdown_result: ChildPushdownResult,
+        _config: &ConfigOptions,
+    ) -> Result<FilterPushdownPropagation<Arc<dyn ExecutionPlan>>> {
+        let filters = child_pushdown_result
+            .parent_filters
+            .into_iter()
+            .map(|f| f.filter)
+            .collect::<Vec<_>>();
+        let result = FilterPushdownPropagation::with_parent_pushdown_result(vec![
+            PushedDown::No;
+            filters.len()
+        ]);
+        let usable = filters
+            .iter()
+            .filter_map(|f| self.over_table_columns(f))
+            .collect::<Vec<_>>();
+        if usable.is_empty() {
+            return Ok(result);
+        }
+        let mut pushed = self.pushed.clone();
+        pushed.extend(usable);
+        Ok(result.with_updated_node(Arc::new(Self {
+            spec: self.spec.clone(),
+            table_schema: Arc::clone(&self.table_schema),
+            schema: Arc::clone(&self.schema),
+            properties: Arc::clone(&self.properties),
+            metrics: ExecutionPlanMetricsSet::new(),
+            column_stats: self.column_stats.clone(),
+            pushed,
+        })))
     }
 
     fn partition_statistics(&self, partition: Option<usize>) -> Result<Statistics> {
@@ -394,5 +514,294 @@ impl ExecutionPlan for IcebergScanExec {
             stats.column_statistics = columns.clone();
         }
         Ok(stats)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, HashMap};
+    use std::sync::Arc;
+
+    use datafusion::arrow::array::{Int64Array, StringArray};
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    use datafusion::arrow::record_batch::RecordBatch;
+    use datafusion::common::ScalarValue;
+    use datafusion::logical_expr::Operator;
+    use datafusion::physical_expr::PhysicalExpr;
+    use datafusion::physical_expr::expressions::{
+        BinaryExpr, Column, DynamicFilterPhysicalExpr, lit,
+    };
+    use datafusion::physical_plan::filter::FilterExec;
+    use datafusion::physical_plan::filter_pushdown::{
+        ChildFilterPushdownResult, ChildPushdownResult, FilterPushdownPhase, PushedDown,
+    };
+    use datafusion::physical_plan::{ExecutionPlan, collect};
+    use datafusion::prelude::SessionContext;
+    use iceberg::scan::FileScanTask;
+    use iceberg::spec::{DataFileFormat, NestedField, PrimitiveType, Type};
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::properties::WriterProperties;
+
+    use super::{ByName, IcebergScanExec, ScanSpec};
+
+    /// A table `(k long, v string)` of one Parquet file with 4 row groups of 100 rows,
+    /// `k` = 0..400 in order; the scan's output columns are `v, k` (another order than the
+    /// table's, so that pushed filters' columns must be reassigned).
+    fn scan(name: &str) -> (IcebergScanExec, std::path::PathBuf) {
+        let dir =
+            std::env::temp_dir().join(format!("basin-scan-pushdown-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("data.parquet");
+        let id = |n: i32| HashMap::from([("PARQUET:field_id".to_string(), n.to_string())]);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("k", DataType::Int64, false).with_metadata(id(1)),
+            Field::new("v", DataType::Utf8, true).with_metadata(id(2)),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Int64Array::from_iter_values(0..400)),
+                Arc::new(StringArray::from_iter_values(
+                    (0..400).map(|k| format!("v{k}")),
+                )),
+            ],
+        )
+        .unwrap();
+        let props = WriterProperties::builder()
+            .set_max_row_group_row_count(Some(100))
+            .build();
+        let file = std::fs::File::create(&path).unwrap();
+        let mut writer = ArrowWriter::try_new(file, schema, Some(props)).unwrap();
+        writer.write(&batch).unwrap();
+        writer.close().unwrap();
+        let size = std::fs::metadata(&path).unwrap().len();
+        let iceberg_schema = iceberg::spec::Schema::builder()
+            .with_fields(vec![
+                NestedField::required(1, "k", Type::Primitive(PrimitiveType::Long)).into(),
+                NestedField::optional(2, "v", Type::Primitive(PrimitiveType::String)).into(),
+            ])
+            .build()
+            .unwrap();
+        let task = FileScanTask::builder()
+            .with_file_size_in_bytes(size)
+            .with_start(0)
+            .with_length(size)
+            .with_record_count(Some(400))
+            .with_data_file_path(path.to_str().unwrap().to_string())
+            .with_data_file_format(DataFileFormat::Parquet)
+            .with_schema(Arc::new(iceberg_schema.clone()))
+            .with_project_field_ids(vec![2, 1])
+            .with_case_sensitive(true)
+            .build();
+        let spec = ScanSpec {
+            table: "lake.s.t".to_string(),
+            snapshot_id: None,
+            columns: vec!["v".to_string(), "k".to_string()],
+            read_no_columns: false,
+            schema_json: serde_json::to_string(&iceberg_schema).unwrap(),
+            output_fields: vec!["v".to_string(), "k".to_string()],
+            groups: vec![vec![task]],
+            file_io: BTreeMap::new(),
+            name_mapping: None,
+            limit: None,
+            stats: Default::default(),
+            by_name: Some(ByName {
+                fields: BTreeMap::from([("k".to_string(), 1), ("v".to_string(), 2)]),
+                ids_optional: false,
+            }),
+            filter: None,
+        };
+        (IcebergScanExec::try_new(spec).unwrap(), dir)
+    }
+
+    /// `k` (output column 1) `op` `value`.
+    fn k(op: Operator, value: i64) -> Arc<dyn PhysicalExpr> {
+        Arc::new(BinaryExpr::new(
+            Arc::new(Column::new("k", 1)),
+            op,
+            lit(ScalarValue::Int64(Some(value))),
+        ))
+    }
+
+    fn and(a: Arc<dyn PhysicalExpr>, b: Arc<dyn PhysicalExpr>) -> Arc<dyn PhysicalExpr> {
+        Arc::new(BinaryExpr::new(a, Operator::And, b))
+    }
+
+    /// The scan with `filters` pushed into it; each must be left to the operator above.
+    fn pushed(
+        scan: &IcebergScanExec,
+        filters: Vec<Arc<dyn PhysicalExpr>>,
+    ) -> Arc<dyn ExecutionPlan> {
+        let n = filters.len();
+        let result = scan
+            .handle_child_pushdown_result(
+                FilterPushdownPhase::Post,
+                ChildPushdownResult {
+                    parent_filters: filters
+                        .into_iter()
+                        .map(|filter| ChildFilterPushdownResult {
+                            filter,
+                            child_results: vec![],
+                        })
+                        .collect(),
+                    self_filters: vec![],
+                },
+                &Default::default(),
+            )
+            .unwrap();
+        assert_eq!(result.filters.len(), n);
+        assert!(result.filters.iter().all(|f| matches!(f, PushedDown::No)));
+        result
+            .updated_node
+            .expect("filters on the columns read are taken")
+    }
+
+    /// The values of `k` a plan returns, in order.
+    async fn keys(plan: Arc<dyn ExecutionPlan>) -> Vec<i64> {
+        let ctx = SessionContext::new();
+        let batches = collect(plan, ctx.task_ctx()).await.unwrap();
+        let mut keys: Vec<i64> = batches
+            .iter()
+            .flat_map(|b| {
+                let column = b.column(1).as_any().downcast_ref::<Int64Array>().unwrap();
+                column.values().to_vec()
+            })
+            .collect();
+        keys.sort_unstable();
+        keys
+    }
+
+    #[tokio::test]
+    async fn a_pushed_filter_prunes_row_groups_and_the_filter_above_keeps_its_rows() {
+        let (scan, dir) = scan("static");
+        let whole = IcebergScanExec::try_new(scan.spec().clone()).unwrap();
+        assert_eq!(keys(Arc::new(whole)).await.len(), 400);
+        let filter = and(k(Operator::GtEq, 150), k(Operator::Lt, 160));
+        let plan = pushed(&scan, vec![filter.clone()]);
+        let shown = datafusion::physical_plan::displayable(plan.as_ref())
+            .one_line()
+            .to_string();
+        assert!(
+            shown.contains("pruning_filters=[k@0 >= 150 AND k@0 < 160]"),
+            "{shown}"
+        );
+        // Only the second row group (k 100..199) is read.
+        assert_eq!(keys(plan.clone()).await, (100..200).collect::<Vec<_>>());
+        // The filter stays above the scan and gives exactly its rows.
+        let filtered = Arc::new(FilterExec::try_new(filter, plan).unwrap());
+        assert_eq!(keys(filtered).await, (150..160).collect::<Vec<_>>());
+        // A filter on a column the scan does not output by that name is not taken.
+        let wrong: Arc<dyn PhysicalExpr> = Arc::new(BinaryExpr::new(
+            Arc::new(Column::new("k", 0)),
+            Operator::Eq,
+            lit(ScalarValue::Int64(Some(1))),
+        ));
+        let result = scan
+            .handle_child_pushdown_result(
+                FilterPushdownPhase::Pre,
+                ChildPushdownResult {
+                    parent_filters: vec![ChildFilterPushdownResult {
+                        filter: wrong,
+                        child_results: vec![],
+                    }],
+                    self_filters: vec![],
+                },
+                &Default::default(),
+            )
+            .unwrap();
+        assert!(matches!(result.filters[..], [PushedDown::No]));
+        assert!(result.updated_node.is_none());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test]
+    async fn a_dynamic_filter_prunes_as_it_stands_when_the_file_is_opened() {
+        let (scan, dir) = scan("dynamic");
+        let dynamic = Arc::new(DynamicFilterPhysicalExpr::new(
+            vec![Arc::new(Column::new("k", 1))],
+            lit(true),
+        ));
+        let plan = pushed(&scan, vec![dynamic.clone() as Arc<dyn PhysicalExpr>]);
+        // Before the join's build side is known: every row.
+        assert_eq!(keys(plan.clone()).await.len(), 400);
+        // Updated after planning (the build side's keys are 250..=260): the row group of
+        // 200..299 only.
+        dynamic
+            .update(and(k(Operator::GtEq, 250), k(Operator::LtEq, 260)))
+            .unwrap();
+        assert_eq!(keys(plan.clone()).await, (200..300).collect::<Vec<_>>());
+        // A reset plan (run again) drops the last run's dynamic filter.
+        let reset = plan.reset_state().unwrap();
+        assert_eq!(keys(reset).await.len(), 400);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test]
+    async fn a_hash_joins_dynamic_filter_reaches_the_scan_of_its_probe_side() {
+        use datafusion::common::NullEquality;
+        use datafusion::datasource::memory::MemorySourceConfig;
+        use datafusion::logical_expr::JoinType;
+        use datafusion::physical_optimizer::PhysicalOptimizerRule;
+        use datafusion::physical_optimizer::filter_pushdown::FilterPushdown;
+        use datafusion::physical_plan::joins::{HashJoinExec, PartitionMode};
+
+        let (scan, dir) = scan("join");
+        // The build side: keys 250..=260.
+        let keys_schema = Arc::new(Schema::new(vec![Field::new("key", DataType::Int64, false)]));
+        let build = RecordBatch::try_new(
+            keys_schema.clone(),
+            vec![Arc::new(Int64Array::from_iter_values(250..=260))],
+        )
+        .unwrap();
+        let build = MemorySourceConfig::try_new_exec(&[vec![build]], keys_schema, None).unwrap();
+        let join = |scan: IcebergScanExec| -> Arc<dyn ExecutionPlan> {
+            Arc::new(
+                HashJoinExec::try_new(
+                    build.clone(),
+                    Arc::new(scan),
+                    vec![(
+                        Arc::new(Column::new("key", 0)) as _,
+                        Arc::new(Column::new("k", 1)) as _,
+                    )],
+                    None,
+                    &JoinType::Inner,
+                    None,
+                    PartitionMode::CollectLeft,
+                    NullEquality::NullEqualsNothing,
+                    false,
+                )
+                .unwrap(),
+            )
+        };
+        let rows_read = |plan: &Arc<dyn ExecutionPlan>| {
+            let scan = &plan.children()[1];
+            scan.metrics().and_then(|m| m.output_rows()).unwrap()
+        };
+        let ctx = SessionContext::new();
+        let count = |batches: Vec<RecordBatch>| batches.iter().map(|b| b.num_rows()).sum::<usize>();
+        // Without the pushdown (what a decoded plan is), the whole file is read.
+        let plain = join(IcebergScanExec::try_new(scan.spec().clone()).unwrap());
+        assert_eq!(
+            count(collect(plain.clone(), ctx.task_ctx()).await.unwrap()),
+            11
+        );
+        assert_eq!(rows_read(&plain), 400);
+        // The post-optimization pushdown (what the executor runs after decoding): the join's
+        // keys reach the scan, which reads one row group of four; same answer.
+        let options = ctx.state().config_options().clone();
+        let pushed = FilterPushdown::new_post_optimization()
+            .optimize(join(scan), &options)
+            .unwrap();
+        let shown = datafusion::physical_plan::displayable(pushed.as_ref())
+            .indent(false)
+            .to_string();
+        assert!(shown.contains("pruning_filters=[DynamicFilter"), "{shown}");
+        assert_eq!(
+            count(collect(pushed.clone(), ctx.task_ctx()).await.unwrap()),
+            11
+        );
+        assert_eq!(rows_read(&pushed), 100);
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
