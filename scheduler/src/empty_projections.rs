@@ -10,13 +10,19 @@
 //!
 //! [`EmptyProjectionsTravel`], the last physical rule of every session that sends plans to
 //! executors, takes an empty projection out of a filter, a hash join or a nested loop join
-//! into a `ProjectionExec` without expressions, which travels as it is.
+//! into a `ProjectionExec` without expressions, which travels as it is. A scan of an
+//! in-memory table (`CREATE TABLE … AS VALUES`) with an empty projection has the same
+//! fate (its node reads an empty list back as every column: `SELECT lag(NULL, 1, true)
+//! OVER () FROM t` returned t's columns beside the window's); it travels as a scan of
+//! every column under such a `ProjectionExec`.
 
 use std::sync::Arc;
 
 use datafusion::common::Result;
 use datafusion::common::config::ConfigOptions;
 use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::datasource::memory::MemorySourceConfig;
+use datafusion::datasource::source::{DataSource, DataSourceExec};
 use datafusion::physical_optimizer::PhysicalOptimizerRule;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::filter::{FilterExec, FilterExecBuilder};
@@ -92,6 +98,21 @@ fn without_empty_projection(
             .build()?;
         return Ok(Some(Arc::new(plain)));
     }
+    if let Some(scan) = any.downcast_ref::<DataSourceExec>()
+        && let Some(memory) = scan
+            .data_source()
+            .as_any()
+            .downcast_ref::<MemorySourceConfig>()
+    {
+        if !empty(memory.projection().as_deref()) {
+            return Ok(None);
+        }
+        let every_column =
+            MemorySourceConfig::try_new(memory.partitions(), memory.original_schema(), None)?
+                .with_show_sizes(memory.show_sizes())
+                .with_limit(memory.fetch());
+        return Ok(Some(DataSourceExec::from_data_source(every_column)));
+    }
     Ok(None)
 }
 
@@ -140,5 +161,41 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(text.contains("| 10.0   | 2 |"), "{text}");
+    }
+
+    /// A window over an in-memory table that reads none of its columns (DataFusion's
+    /// window.slt: `SELECT LAG(NULL, 1, true) OVER () FROM t1` returned t1's column too).
+    #[tokio::test]
+    async fn a_memory_scan_of_no_column_decodes_to_no_column() {
+        let state = SessionStateBuilder::new()
+            .with_default_features()
+            .with_physical_optimizer_rule(Arc::new(EmptyProjectionsTravel))
+            .build();
+        let ctx = SessionContext::new_with_state(state);
+        ctx.sql("CREATE TABLE t1 (v1 INT) AS VALUES (1), (2)")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let df = ctx
+            .sql("SELECT LAG(NULL, 1, true) OVER () AS l FROM t1")
+            .await
+            .unwrap();
+        let plan = df.create_physical_plan().await.unwrap();
+        let codec = DefaultPhysicalExtensionCodec {};
+        let node = PhysicalPlanNode::try_from_physical_plan(Arc::clone(&plan), &codec).unwrap();
+        let decoded = node
+            .try_into_physical_plan(&ctx.task_ctx(), &codec)
+            .unwrap();
+        assert_eq!(decoded.schema(), plan.schema());
+        let rows = datafusion::physical_plan::collect(decoded, ctx.task_ctx())
+            .await
+            .unwrap();
+        assert!(rows.iter().all(|b| b.num_columns() == 1), "{rows:?}");
+        let text = datafusion::arrow::util::pretty::pretty_format_batches(&rows)
+            .unwrap()
+            .to_string();
+        assert!(text.contains("| true |"), "{text}");
     }
 }
