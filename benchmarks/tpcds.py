@@ -315,7 +315,8 @@ class Deployment:
 
     def start(self):
         self.basin = Basin(self.args.basin, pathlib.Path(self.args.cache) / "basin-data",
-                           self.workdir, self.args.executors, self.standalone)
+                           self.workdir, self.args.executors, self.standalone,
+                           config=self.args.basin_config)
 
     def use(self):
         self.basin.query(f"USE lake.{self.schema}")
@@ -450,6 +451,8 @@ def main():
                     help="a Basin or DataFusion process above this RSS is killed")
     ap.add_argument("--basin-setup", action="append", default=[],
                     help="SQL run on each Basin session before the queries (e.g. a SET)")
+    ap.add_argument("--basin-config", default=None,
+                    help="a basin.toml every Basin process reads (e.g. [server] settings)")
     args = ap.parse_args()
     engines = args.engines.split(",")
     unknown = set(engines) - {*BASIN_ENGINES, "duckdb", "datafusion"}

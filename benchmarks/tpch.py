@@ -161,6 +161,9 @@ def main():
     ap.add_argument("--check-only", action="store_true", help="validate answers, no timings")
     ap.add_argument("--basin-setup", action="append", default=[],
                     help="SQL run on each Basin session before the queries (e.g. a SET)")
+    ap.add_argument("--basin-config", default=None,
+                    help="a basin.toml the basin and basin-standalone processes read "
+                         "(e.g. [server] single_node_max_bytes = 0)")
     args = ap.parse_args()
     engines = args.engines.split(",")
     if args.check_only:
@@ -213,7 +216,7 @@ def main():
         if label not in engines:
             continue
         workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"{label}-"))
-        config = None
+        config = args.basin_config
         if label == "basin-jobs":
             config = workdir / "basin.toml"
             config.write_text("[server]\nstreamed_stages = false\n")

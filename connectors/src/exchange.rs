@@ -57,9 +57,38 @@ pub fn encode_exchange_ticket(task: &TaskDefinition) -> Vec<u8> {
     crate::codec::encode_ticket(EXCHANGE_TICKET, task)
 }
 
+/// Marks a ticket that asks for the whole output of a broadcast producer task; the
+/// number of its readers follows (u32, little-endian), then the `TaskDefinition`.
+const BROADCAST_TICKET: &[u8] = b"BASIN-BROADCAST\0";
+
+fn broadcast_prefix(readers: u32) -> Vec<u8> {
+    let mut prefix = BROADCAST_TICKET.to_vec();
+    prefix.extend_from_slice(&readers.to_le_bytes());
+    prefix
+}
+
+/// What an exchange ticket asks for.
+pub enum ExchangeTicket {
+    /// One output partition, served once.
+    Partition(TaskDefinition),
+    /// The one output partition, kept and served to each of `readers` consumers.
+    Broadcast { task: TaskDefinition, readers: u32 },
+}
+
 /// The task of an exchange ticket; `None` when `ticket` is not one.
-pub fn decode_exchange_ticket(ticket: &[u8]) -> Option<Result<TaskDefinition>> {
+pub fn decode_exchange_ticket(ticket: &[u8]) -> Option<Result<ExchangeTicket>> {
+    if let Some(rest) = ticket.strip_prefix(BROADCAST_TICKET) {
+        let Some((readers, _)) = rest.split_first_chunk::<4>() else {
+            return Some(Err(DataFusionError::Internal(
+                "corrupt broadcast ticket: no reader count".into(),
+            )));
+        };
+        let readers = u32::from_le_bytes(*readers);
+        let decoded = crate::codec::decode_ticket(&broadcast_prefix(readers), "broadcast", ticket)?;
+        return Some(decoded.map(|task| ExchangeTicket::Broadcast { task, readers }));
+    }
     crate::codec::decode_ticket(EXCHANGE_TICKET, "exchange", ticket)
+        .map(|r| r.map(ExchangeTicket::Partition))
 }
 
 /// The input partitions `p` with `p mod tasks = task`, renumbered from 0: what one producer
@@ -208,6 +237,21 @@ impl fmt::Display for Producer {
     }
 }
 
+/// How the consumers of an exchange read its producer tasks.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum ExchangeMode {
+    /// Partition `p` is output partition `p` of every task (a repartition).
+    #[default]
+    Partitioned,
+    /// Partition `t` is the one output partition of task `t` (a gather: the merge above
+    /// reads every task's merged, possibly sorted, rows).
+    ByTask,
+    /// One partition: the one output partition of every task, which each task keeps and
+    /// serves whole to each of `readers` consumers (the build side of a `CollectLeft` join
+    /// probed by `readers` tasks).
+    Broadcast { readers: u32 },
+}
+
 /// What identifies an exchange, beside its producer plan.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ExchangeSpec {
@@ -216,6 +260,8 @@ pub struct ExchangeSpec {
     pub stage: u32,
     /// Task `t` runs on `producers[t]`.
     pub producers: Vec<Producer>,
+    #[serde(default)]
+    pub mode: ExchangeMode,
 }
 
 /// Reads an exchange: partition `p` is output partition `p` of every producer task,
@@ -244,14 +290,23 @@ impl ExchangeReadExec {
     /// physical codec) on `spec.producers`.
     pub fn new(spec: ExchangeSpec, producer: Arc<dyn ExecutionPlan>, encoded: Vec<u8>) -> Self {
         let mut eq = producer.equivalence_properties().clone();
-        if spec.producers.len() > 1 {
+        let tasks = spec.producers.len();
+        if tasks > 1 && spec.mode != ExchangeMode::ByTask {
             // The producers' streams are interleaved: no order, no per-partition constant.
             eq.clear_orderings();
             eq.clear_per_partition_constants();
         }
+        let partitioning = match spec.mode {
+            ExchangeMode::Partitioned => producer.output_partitioning().clone(),
+            ExchangeMode::ByTask => {
+                eq.clear_per_partition_constants();
+                Partitioning::UnknownPartitioning(tasks)
+            }
+            ExchangeMode::Broadcast { .. } => Partitioning::UnknownPartitioning(1),
+        };
         let properties = PlanProperties::new(
             eq,
-            producer.output_partitioning().clone(),
+            partitioning,
             EmissionType::Incremental,
             Boundedness::Bounded,
         );
@@ -286,14 +341,47 @@ impl ExchangeReadExec {
     pub fn encoded(&self) -> &[u8] {
         &self.encoded
     }
+
+    /// Whether this reads the build side of a broadcast join.
+    pub fn is_broadcast(&self) -> bool {
+        matches!(self.spec.mode, ExchangeMode::Broadcast { .. })
+    }
+
+    /// The same exchange read in `mode`.
+    pub fn with_mode(&self, mode: ExchangeMode) -> Self {
+        let mut spec = self.spec.clone();
+        spec.mode = mode;
+        let mut read = Self::new(spec, self.producer.clone(), vec![]);
+        read.encoded = self.encoded.clone();
+        read
+    }
+
+    /// This broadcast read with `readers` consumer tasks.
+    pub fn with_readers(&self, readers: u32) -> Self {
+        let mut spec = self.spec.clone();
+        if let ExchangeMode::Broadcast { readers: r } = &mut spec.mode {
+            *r = readers;
+        }
+        Self {
+            spec,
+            producer: self.producer.clone(),
+            encoded: self.encoded.clone(),
+            properties: self.properties.clone(),
+        }
+    }
 }
 
 impl DisplayAs for ExchangeReadExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         let producers: Vec<String> = self.spec.producers.iter().map(|p| p.to_string()).collect();
+        let mode = match self.spec.mode {
+            ExchangeMode::Partitioned => "repartition".to_string(),
+            ExchangeMode::ByTask => "gather".to_string(),
+            ExchangeMode::Broadcast { readers } => format!("broadcast to {readers} readers"),
+        };
         write!(
             f,
-            "ExchangeReadExec: stage={}, partitioning={}, producers=[{}]",
+            "ExchangeReadExec: stage={}, {mode}, partitioning={}, producers=[{}]",
             self.spec.stage,
             self.properties.partitioning,
             producers.join(", ")
@@ -349,33 +437,49 @@ impl ExecutionPlan for ExchangeReadExec {
     ) -> Result<SendableRecordBatchStream> {
         let schema = self.schema();
         let props = context.session_config().to_key_value_pairs();
-        let streams = self
-            .spec
-            .producers
-            .iter()
-            .enumerate()
-            .map(|(task, producer)| {
-                let ticket = TaskDefinition {
-                    job_id: self.spec.query.clone(),
-                    stage_id: self.spec.stage,
-                    task_id: task as u32,
-                    partition_id: partition as u32,
-                    plan: self.encoded.as_ref().clone(),
-                    session_id: context.session_id(),
-                    props: props.clone(),
-                    ..Default::default()
-                };
-                let what = format!(
-                    "exchange {} stage {} partition {partition}: producer task {task} on \
+        let count = self.properties.partitioning.partition_count();
+        if partition >= count {
+            return Err(DataFusionError::Internal(format!(
+                "partition {partition} of an exchange read of {count}"
+            )));
+        }
+        // (task, its partition) to read.
+        let reads: Vec<(usize, usize)> = match self.spec.mode {
+            ExchangeMode::Partitioned => (0..self.spec.producers.len())
+                .map(|t| (t, partition))
+                .collect(),
+            ExchangeMode::ByTask => vec![(partition, 0)],
+            ExchangeMode::Broadcast { .. } => {
+                (0..self.spec.producers.len()).map(|t| (t, 0)).collect()
+            }
+        };
+        let prefix = match self.spec.mode {
+            ExchangeMode::Broadcast { readers } => broadcast_prefix(readers),
+            _ => EXCHANGE_TICKET.to_vec(),
+        };
+        let streams = reads.into_iter().map(|(task, partition)| {
+            let producer = &self.spec.producers[task];
+            let ticket = TaskDefinition {
+                job_id: self.spec.query.clone(),
+                stage_id: self.spec.stage,
+                task_id: task as u32,
+                partition_id: partition as u32,
+                plan: self.encoded.as_ref().clone(),
+                session_id: context.session_id(),
+                props: props.clone(),
+                ..Default::default()
+            };
+            let what = format!(
+                "exchange {} stage {} partition {partition}: producer task {task} on \
                      executor {producer}",
-                    self.spec.query, self.spec.stage
-                );
-                read_producer(
-                    producer.clone(),
-                    Ticket::new(encode_exchange_ticket(&ticket)),
-                    what,
-                )
-            });
+                self.spec.query, self.spec.stage
+            );
+            read_producer(
+                producer.clone(),
+                Ticket::new(crate::codec::encode_ticket(&prefix, &ticket)),
+                what,
+            )
+        });
         let batches = futures::stream::select_all(streams);
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))
     }
@@ -520,6 +624,7 @@ mod tests {
         let spec = ExchangeSpec {
             query: "q".into(),
             stage: 1,
+            mode: ExchangeMode::Partitioned,
             producers: vec![
                 Producer {
                     host: "h".into(),

@@ -35,7 +35,7 @@ use ballista_executor::ArrowFlightServerProvider;
 use ballista_executor::flight_service::BallistaFlightService;
 use ballista_executor::shutdown::Shutdown;
 use basin_connectors::codec::decode_stage_ticket;
-use basin_connectors::exchange::{PartitionSubsetExec, decode_exchange_ticket};
+use basin_connectors::exchange::{ExchangeTicket, PartitionSubsetExec, decode_exchange_ticket};
 use basin_core::memory::{MemoryBudget, QUERY_MEMORY_ACTION};
 use datafusion::error::DataFusionError;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -139,12 +139,16 @@ impl ExecutorFlight {
 
     /// One output partition of an exchange's producer task, from the task's one instance
     /// on this executor ([`crate::exchange`]).
-    fn run_exchange(&self, task: TaskDefinition) -> Result<Boxed<FlightData>, Status> {
+    fn run_exchange(&self, ticket: ExchangeTicket) -> Result<Boxed<FlightData>, Status> {
+        let (task, readers) = match ticket {
+            ExchangeTicket::Partition(task) => (task, None),
+            ExchangeTicket::Broadcast { task, readers } => (task, Some(readers)),
+        };
         let key = (task.job_id.clone(), task.stage_id, task.task_id);
         let partition = task.partition_id as usize;
         let stream = self
             .producers
-            .execute(key, partition, || {
+            .execute(key, partition, readers, || {
                 let ctx = self
                     .task_context(&task)
                     .map_err(|s| DataFusionError::Execution(s.message().to_string()))?;

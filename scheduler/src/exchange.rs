@@ -17,18 +17,37 @@
 //! cut runs as one streamed stage (partition p on an executor), with the merge and light
 //! work above it here.
 //!
-//! A stage is split across tasks and instances, so each of its partitions must depend on
-//! its own input partition only ([`partition_local`]): no merge or repartition inside, and
-//! no operator that collects all partitions of an input (a `CollectLeft` join, a cross
-//! join) beside other partitions. Plans with such operators keep the other routes.
+//! Two more kinds of exchange keep the stages partition-local ([`not_partition_local`]):
+//!
+//! - **gather**: a merge (`CoalescePartitionsExec`, `SortPreservingMergeExec`) inside the
+//!   plan; its input runs over T tasks, each merging its own partitions into one, and the
+//!   same merge reads the T tasks' outputs (partition t of the read is task t's) in the
+//!   one consumer that runs it;
+//! - **broadcast**: the build side of a `CollectLeft` join (or a cross join) probed by many
+//!   partitions; the build side runs over T tasks, each merging its partitions into one
+//!   that its executor keeps (under the query's memory pool) and serves whole to each of
+//!   the K tasks that run the join (K is set when the consumer stage is cut), so every
+//!   consumer task builds its hash table from the whole build side once.
+//!
+//! A `CollectLeft` join that emits its build side's unmatched rows (left, full, left
+//! semi/anti/mark joins) needs every probe partition in one place and is not broadcast: the
+//! query keeps the other routes, and [`plan_exchanges`] says why (logged, and shown by
+//! `EXPLAIN` as the route's reason).
 
 use std::sync::Arc;
 
 use basin_connectors::codec::physical_codec;
-use basin_connectors::exchange::{ExchangeReadExec, ExchangeSpec, PartitionSubsetExec, Producer};
+use basin_connectors::exchange::{
+    ExchangeMode, ExchangeReadExec, ExchangeSpec, PartitionSubsetExec, Producer,
+};
+use datafusion::common::JoinType;
+use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::error::Result;
 use datafusion::physical_expr::Distribution;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::joins::{
+    CrossJoinExec, HashJoinExec, NestedLoopJoinExec, PartitionMode,
+};
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
@@ -37,16 +56,17 @@ use datafusion_proto::physical_plan::PhysicalExtensionCodec;
 use crate::server::ExecutorInfo;
 use crate::streamed::{self, StreamedStageExec};
 
-/// `plan` with its repartitions made exchanges between `executors` and its top stage
-/// streamed from them; `None` when it has no repartition, a stage that is not
-/// [`partition_local`], or a node that cannot travel.
+/// `plan` with its repartitions, merges and collected build sides made exchanges between
+/// `executors` and its top stage streamed from them; `Err` says why not (a stage that
+/// cannot be made partition-local, a node that cannot travel, no executor), in one line
+/// naming the operator. `plan`'s joins must be safe to split (`DistributedSafeJoins`).
 pub(crate) fn plan_exchanges(
     plan: Arc<dyn ExecutionPlan>,
     executors: &[ExecutorInfo],
-) -> Option<Arc<dyn ExecutionPlan>> {
+) -> std::result::Result<Arc<dyn ExecutionPlan>, String> {
     let executors = streamed::answering(executors.to_vec());
     if executors.is_empty() {
-        return None;
+        return Err("no executor answers".into());
     }
     let mut cut = Cut {
         query: format!("exchange-{}", uuid::Uuid::new_v4().simple()),
@@ -54,18 +74,14 @@ pub(crate) fn plan_exchanges(
         stages: 0,
         codec: physical_codec(),
     };
-    let plan = match cut.cut(plan) {
-        Ok(Some(plan)) => plan,
-        Ok(None) => return None,
-        Err(e) => {
-            tracing::debug!(error = %e, "the plan cannot be cut into exchanges");
-            return None;
-        }
-    };
-    if cut.stages == 0 {
-        return None;
-    }
-    top(plan, &cut.executors)
+    // (A plan with no exchange is one streamed stage.)
+    cut.top(plan)
+}
+
+type Cutting<T> = std::result::Result<T, String>;
+
+fn failed(e: datafusion::error::DataFusionError) -> String {
+    format!("the plan cannot be cut into exchanges: {e}")
 }
 
 struct Cut {
@@ -76,11 +92,46 @@ struct Cut {
 }
 
 impl Cut {
-    /// `plan` with every repartition below and at it cut; `None` when a stage is not
-    /// partition-local.
-    fn cut(&mut self, plan: Arc<dyn ExecutionPlan>) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+    /// The top of a plan: light operators here (merges, an ungrouped aggregate's final
+    /// step, top-N, …), over one stage whose partitions each run on an executor and never
+    /// move (their exchanges' partitions are read once).
+    fn top(&mut self, plan: Arc<dyn ExecutionPlan>) -> Cutting<Arc<dyn ExecutionPlan>> {
+        if streamed::light_above_stage(&plan)
+            && let [child] = plan.children()[..]
+        {
+            let child = self.top(child.clone())?;
+            return plan.with_new_children(vec![child]).map_err(failed);
+        }
+        let stage = self.cut(plan)?;
+        if stage.as_any().is::<ExchangeReadExec>() {
+            return Ok(stage); // nothing to run on an executor: read it here
+        }
+        if let Some(why) = not_partition_local(&stage) {
+            return Err(why);
+        }
+        if has_unset_broadcast(&stage) {
+            // The stage's tasks are the broadcast's readers: it runs as a gather whose
+            // producer tasks each build the hash table once for their partitions.
+            let tasks = self.tasks(&stage);
+            let merge = merge_for(&stage);
+            let read = self.exchange(stage, tasks, ExchangeMode::ByTask, |subset| {
+                Ok(match &merge {
+                    Some(merge) => merge.clone().with_new_children(vec![subset])?,
+                    None => subset,
+                })
+            })?;
+            return Ok(Arc::new(read));
+        }
+        match StreamedStageExec::try_new(stage, &self.executors) {
+            Ok(stage) => Ok(Arc::new(stage.fixed())),
+            Err(e) => Err(format!("the plan cannot travel to an executor: {e}")),
+        }
+    }
+
+    /// `plan` with every repartition, merge and collected build side below and at it cut.
+    fn cut(&mut self, plan: Arc<dyn ExecutionPlan>) -> Cutting<Arc<dyn ExecutionPlan>> {
         if plan.name() == "RecursiveQueryExec" {
-            return Ok(None); // runs its recursive term again and again
+            return Err("RecursiveQueryExec runs its recursive term again and again".into());
         }
         let children = plan.children();
         let plan = if children.is_empty() {
@@ -88,27 +139,102 @@ impl Cut {
         } else {
             let mut cut = Vec::with_capacity(children.len());
             for child in children {
-                match self.cut(child.clone())? {
-                    Some(child) => cut.push(child),
-                    None => return Ok(None),
-                }
+                cut.push(self.cut(child.clone())?);
             }
-            plan.with_new_children(cut)?
+            plan.with_new_children(cut).map_err(failed)?
         };
-        let Some(repartition) = plan.as_any().downcast_ref::<RepartitionExec>() else {
-            return Ok(Some(plan));
-        };
-        let input = repartition.input().clone();
-        if !partition_local(&input) {
-            return Ok(None);
+        if let Some(repartition) = plan.as_any().downcast_ref::<RepartitionExec>() {
+            let input = repartition.input().clone();
+            if let Some(why) = not_partition_local(&input) {
+                return Err(why);
+            }
+            let tasks = self.tasks(&input);
+            let ordered = repartition.preserve_order()
+                || repartition.properties().output_ordering().is_some();
+            if ordered && tasks > 1 {
+                return Err(
+                    "an order-preserving RepartitionExec: its order would be lost between \
+                     the producer tasks"
+                        .into(),
+                );
+            }
+            let partitioning = repartition.partitioning().clone();
+            let read = self.exchange(input, tasks, ExchangeMode::Partitioned, |subset| {
+                Ok(Arc::new(RepartitionExec::try_new(subset, partitioning)?))
+            })?;
+            return Ok(Arc::new(read));
         }
+        if is_merge(&plan) {
+            let [input] = plan.children()[..] else {
+                return Ok(plan);
+            };
+            let input = input.clone();
+            if input.output_partitioning().partition_count() <= 1 {
+                return Ok(plan);
+            }
+            if let Some(why) = not_partition_local(&input) {
+                return Err(why);
+            }
+            // Gather: each task merges its partitions, the merge here merges the tasks'.
+            let tasks = self.tasks(&input);
+            let merge = plan.clone();
+            let read = self.exchange(input, tasks, ExchangeMode::ByTask, |subset| {
+                merge.clone().with_new_children(vec![subset])
+            })?;
+            return plan.with_new_children(vec![Arc::new(read)]).map_err(failed);
+        }
+        if let Some(join) = collecting_join(&plan)? {
+            return self.broadcast(plan, join);
+        }
+        Ok(plan)
+    }
+
+    /// The join `plan` (whose left side it collects, see [`collecting_join`]) with its left
+    /// side read from a broadcast exchange.
+    fn broadcast(
+        &mut self,
+        plan: Arc<dyn ExecutionPlan>,
+        join: &'static str,
+    ) -> Cutting<Arc<dyn ExecutionPlan>> {
+        let children = plan.children();
+        let (left, right) = (children[0].clone(), children[1].clone());
+        let read = match gathered(&left) {
+            // Already gathered (cut above): its producer tasks serve every reader instead.
+            Some(read) => read.with_mode(ExchangeMode::Broadcast { readers: 0 }),
+            None => {
+                if let Some(why) = not_partition_local(&left) {
+                    return Err(format!("{join}'s build side: {why}"));
+                }
+                if left.output_partitioning().partition_count() != 1 {
+                    return Err(format!(
+                        "{join}'s build side has {} partitions",
+                        left.output_partitioning().partition_count()
+                    ));
+                }
+                self.exchange(left, 1, ExchangeMode::Broadcast { readers: 0 }, Ok)?
+            }
+        };
+        plan.with_new_children(vec![Arc::new(read), right])
+            .map_err(failed)
+    }
+
+    /// How many producer tasks run `input`: the executors that answer, at most its
+    /// partitions.
+    fn tasks(&self, input: &Arc<dyn ExecutionPlan>) -> usize {
         let inputs = input.output_partitioning().partition_count();
-        let tasks = self.executors.len().min(inputs).max(1);
-        let ordered =
-            repartition.preserve_order() || repartition.properties().output_ordering().is_some();
-        if ordered && tasks > 1 {
-            return Ok(None); // its order would be lost between the producer tasks
-        }
+        self.executors.len().min(inputs).max(1)
+    }
+
+    /// A new exchange whose `tasks` producer tasks run `wrap(PartitionSubsetExec(input))`;
+    /// the broadcasts that `input` reads get `tasks` readers.
+    fn exchange(
+        &mut self,
+        input: Arc<dyn ExecutionPlan>,
+        tasks: usize,
+        mode: ExchangeMode,
+        wrap: impl FnOnce(Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>>,
+    ) -> Cutting<ExchangeReadExec> {
+        let input = set_readers(input, tasks as u32).map_err(failed)?;
         let stage = self.stages;
         self.stages += 1;
         // Successive stages start on successive executors.
@@ -122,62 +248,153 @@ impl Cut {
                 }
             })
             .collect();
-        let subset = PartitionSubsetExec::try_new(input, tasks, 0)?;
-        let producer =
-            RepartitionExec::try_new(Arc::new(subset), repartition.partitioning().clone())?;
+        let subset = PartitionSubsetExec::try_new(input, tasks, 0).map_err(failed)?;
+        let producer = wrap(Arc::new(subset)).map_err(failed)?;
         let spec = ExchangeSpec {
             query: self.query.clone(),
             stage,
             producers,
+            mode,
         };
-        let read = ExchangeReadExec::try_encode(spec, Arc::new(producer), self.codec.as_ref())?;
-        Ok(Some(Arc::new(read)))
+        ExchangeReadExec::try_encode(spec, producer, self.codec.as_ref())
+            .map_err(|e| format!("the plan cannot travel to an executor: {e}"))
     }
 }
 
-/// Whether each output partition of `plan` depends on the same input partitions only
-/// (down to its leaves), so that its partitions may run in separate tasks: no merge or
-/// repartition, and no operator that collects a whole input unless it has one partition
-/// itself (a `CollectLeft` join over many probe partitions would build in every task and
-/// emit its unmatched build rows in each).
-pub(crate) fn partition_local(plan: &Arc<dyn ExecutionPlan>) -> bool {
+/// The gather read under `plan` when `plan` is a `CoalescePartitionsExec` (no limit) of a
+/// gather.
+fn gathered(plan: &Arc<dyn ExecutionPlan>) -> Option<&ExchangeReadExec> {
+    let merge = plan.as_any().downcast_ref::<CoalescePartitionsExec>()?;
+    if merge.fetch().is_some() {
+        return None;
+    }
+    let read = merge.input().as_any().downcast_ref::<ExchangeReadExec>()?;
+    (read.spec().mode == ExchangeMode::ByTask).then_some(read)
+}
+
+fn is_merge(plan: &Arc<dyn ExecutionPlan>) -> bool {
     let any = plan.as_any();
-    if any.is::<RepartitionExec>()
-        || any.is::<CoalescePartitionsExec>()
-        || any.is::<SortPreservingMergeExec>()
-        || plan.name() == "RecursiveQueryExec"
-    {
-        return false;
+    any.is::<CoalescePartitionsExec>() || any.is::<SortPreservingMergeExec>()
+}
+
+/// The merge that makes one partition of `plan`'s, keeping its order; `None` when it has
+/// one already.
+fn merge_for(plan: &Arc<dyn ExecutionPlan>) -> Option<Arc<dyn ExecutionPlan>> {
+    if plan.output_partitioning().partition_count() <= 1 {
+        return None;
+    }
+    Some(match plan.output_ordering() {
+        Some(order) => Arc::new(SortPreservingMergeExec::new(order.clone(), plan.clone())),
+        None => Arc::new(CoalescePartitionsExec::new(plan.clone())),
+    })
+}
+
+/// The name of `plan` when it is a join that collects its whole left side beside many
+/// probe partitions and may read it from a broadcast; an error saying why when it collects
+/// but may not.
+fn collecting_join(plan: &Arc<dyn ExecutionPlan>) -> Cutting<Option<&'static str>> {
+    if plan.output_partitioning().partition_count() <= 1 {
+        return Ok(None); // runs once: it may collect
+    }
+    let collects_left = matches!(
+        plan.required_input_distribution().first(),
+        Some(Distribution::SinglePartition)
+    );
+    if !collects_left || plan.children().len() != 2 {
+        return Ok(None);
+    }
+    let any = plan.as_any();
+    let (name, join_type) = if let Some(join) = any.downcast_ref::<HashJoinExec>() {
+        if join.mode != PartitionMode::CollectLeft {
+            return Ok(None);
+        }
+        ("HashJoinExec(CollectLeft)", *join.join_type())
+    } else if let Some(join) = any.downcast_ref::<NestedLoopJoinExec>() {
+        ("NestedLoopJoinExec", *join.join_type())
+    } else if any.is::<CrossJoinExec>() {
+        ("CrossJoinExec", JoinType::Inner)
+    } else {
+        return Err(format!(
+            "{} collects its first input beside {} partitions",
+            plan.name(),
+            plan.output_partitioning().partition_count()
+        ));
+    };
+    match join_type {
+        JoinType::Inner
+        | JoinType::Right
+        | JoinType::RightSemi
+        | JoinType::RightAnti
+        | JoinType::RightMark => Ok(Some(name)),
+        other => Err(format!(
+            "{name} {other} join: it emits its build side's unmatched rows once, after every \
+             probe partition, so it cannot be broadcast"
+        )),
+    }
+}
+
+/// `plan` with its broadcast reads (those of its own stage: reads are leaves) given
+/// `readers` readers.
+fn set_readers(plan: Arc<dyn ExecutionPlan>, readers: u32) -> Result<Arc<dyn ExecutionPlan>> {
+    Ok(plan
+        .transform_up(|node| {
+            match node.as_any().downcast_ref::<ExchangeReadExec>() {
+                Some(read) if read.spec().mode == (ExchangeMode::Broadcast { readers: 0 }) => {
+                    Ok(Transformed::yes(
+                        Arc::new(read.with_readers(readers)) as Arc<dyn ExecutionPlan>
+                    ))
+                }
+                _ => Ok(Transformed::no(node)),
+            }
+        })?
+        .data)
+}
+
+fn has_unset_broadcast(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    match plan.as_any().downcast_ref::<ExchangeReadExec>() {
+        Some(read) => read.spec().mode == (ExchangeMode::Broadcast { readers: 0 }),
+        None => plan.children().into_iter().any(has_unset_broadcast),
+    }
+}
+
+/// Why `plan` is not partition-local, naming the operator; `None` when it is: each of
+/// its output partitions depends on the same input partitions only (down to its leaves),
+/// so that its partitions may run in separate tasks (no repartition, no merge but of a
+/// gather's tasks, and no operator that collects a whole input unless it has one
+/// partition itself or the input is a broadcast).
+fn not_partition_local(plan: &Arc<dyn ExecutionPlan>) -> Option<String> {
+    let any = plan.as_any();
+    if any.is::<RepartitionExec>() || plan.name() == "RecursiveQueryExec" {
+        return Some(format!("{} inside a stage", plan.name()));
+    }
+    let children = plan.children();
+    if is_merge(plan) {
+        let gathered = children.iter().all(|c| {
+            c.output_partitioning().partition_count() <= 1
+                || c.as_any()
+                    .downcast_ref::<ExchangeReadExec>()
+                    .is_some_and(|r| r.spec().mode == ExchangeMode::ByTask)
+        });
+        if !gathered {
+            return Some(format!(
+                "{} over many partitions inside a stage",
+                plan.name()
+            ));
+        }
     }
     let single = plan.output_partitioning().partition_count() <= 1;
-    let collects = plan
-        .required_input_distribution()
-        .iter()
-        .any(|d| matches!(d, Distribution::SinglePartition));
-    (single || !collects) && plan.children().into_iter().all(partition_local)
-}
-
-/// The top of a cut plan: light operators here, over one streamed stage whose partitions
-/// each run on an executor and never move (their exchanges' partitions are read once).
-fn top(plan: Arc<dyn ExecutionPlan>, executors: &[ExecutorInfo]) -> Option<Arc<dyn ExecutionPlan>> {
-    if plan.as_any().is::<ExchangeReadExec>() {
-        return Some(plan); // nothing to run on an executor: read it here
+    for (child, required) in children.iter().zip(plan.required_input_distribution()) {
+        let broadcast = child
+            .as_any()
+            .downcast_ref::<ExchangeReadExec>()
+            .is_some_and(|r| r.is_broadcast());
+        if matches!(required, Distribution::SinglePartition) && !single && !broadcast {
+            return Some(format!(
+                "{} collects an input beside {} partitions",
+                plan.name(),
+                plan.output_partitioning().partition_count()
+            ));
+        }
     }
-    if partition_local(&plan) {
-        return match StreamedStageExec::try_new(plan, executors) {
-            Ok(stage) => Some(Arc::new(stage.fixed())),
-            Err(e) => {
-                tracing::debug!(error = %e, "the plan cannot travel to an executor");
-                None
-            }
-        };
-    }
-    if !streamed::light_above_stage(&plan) {
-        return None;
-    }
-    let [child] = plan.children()[..] else {
-        return None;
-    };
-    let child = top(child.clone(), executors)?;
-    plan.with_new_children(vec![child]).ok()
+    children.into_iter().find_map(not_partition_local)
 }

@@ -303,6 +303,19 @@ impl BasinQueryPlanner {
         state: &SessionState,
         executors: &[ExecutorInfo],
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        self.plan_streamed_or_why(plan, state, executors, &mut None)
+            .await
+    }
+
+    /// [`Self::plan_streamed`]; `why` says why streamed exchanges were not used when they
+    /// were the route's choice.
+    async fn plan_streamed_or_why(
+        &self,
+        plan: &LogicalPlan,
+        state: &SessionState,
+        executors: &[ExecutorInfo],
+        why: &mut Option<String>,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         if executors.is_empty() {
             return Ok(None);
         }
@@ -322,12 +335,36 @@ impl BasinQueryPlanner {
         if !self.streamed_exchanges {
             return Ok(None);
         }
-        // Too big for one executor: stages over all of them, streaming to each other. The
-        // session's settings are the cluster's (partitioned joins, which spill as
-        // sort-merge joins); a stage that still runs out of memory runs again as a job.
-        let physical = self.local.create_physical_plan(plan, state).await?;
-        let Some(exchanges) = crate::exchange::plan_exchanges(physical, executors) else {
-            return Ok(None);
+        // Too big for one executor: stages over all of them, streaming to each other, with
+        // hash joins; a build side estimated under a quarter of what one query may hold on
+        // an executor is collected (`CollectLeft`) and broadcast to every task that probes
+        // it (kept once per producer task, built once per consumer task). Hash joins do not
+        // spill: a stage that runs out of memory runs the query again as a job, whose
+        // sort-merge joins do.
+        let mut exchanged = state.clone();
+        let mut broadcast_max = self.single_node_max_bytes.max(BROADCAST_MAX_BYTES);
+        for executor in executors {
+            if let Some(memory) = crate::memory::query_memory(executor).await {
+                broadcast_max = broadcast_max.min(memory / 4);
+            }
+        }
+        let options = exchanged.config_mut().options_mut();
+        options.optimizer.prefer_hash_join = true;
+        one_node_join_thresholds(&mut options.optimizer, broadcast_max);
+        let physical = self.local.create_physical_plan(plan, &exchanged).await?;
+        // A collected build side whose unmatched rows the join emits after all probing
+        // (left, full, left semi/anti joins) cannot be broadcast: partitioned instead.
+        let physical = {
+            use datafusion::physical_optimizer::PhysicalOptimizerRule;
+            crate::joins::DistributedSafeJoins.optimize(physical, exchanged.config_options())?
+        };
+        let exchanges = match crate::exchange::plan_exchanges(physical, executors) {
+            Ok(exchanges) => exchanges,
+            Err(reason) => {
+                tracing::info!(why = %reason, "streamed exchanges not used: the query runs as a Ballista job");
+                *why = Some(reason);
+                return Ok(None);
+            }
         };
         let job = self.plan_job(plan, state).await?;
         Ok(Some(crate::memory::or_as_job(exchanges, job)))
@@ -386,14 +423,24 @@ impl BasinQueryPlanner {
             return Ok(None);
         };
         let executors = cluster.active_executors().await;
-        let Some(physical) = self.plan_streamed(&explain.plan, state, &executors).await? else {
-            return Ok(None);
+        let mut why = None;
+        let streamed = self
+            .plan_streamed_or_why(&explain.plan, state, &executors, &mut why)
+            .await?;
+        // A query the exchanges could not take shows the job it runs as, and why.
+        let (physical, note) = match (streamed, why) {
+            (Some(physical), _) => (physical, String::new()),
+            (None, Some(why)) => (
+                self.plan_job(&explain.plan, state).await?,
+                format!("-- streamed exchanges not used: {why}\n"),
+            ),
+            (None, None) => return Ok(None),
         };
         let mut plans = explain.stringified_plans.clone();
         plans.push(explain.plan.to_stringified(PlanType::FinalLogicalPlan));
         plans.push(StringifiedPlan::new(
             PlanType::FinalPhysicalPlan,
-            displayable(physical.as_ref())
+            note + &displayable(physical.as_ref())
                 .set_show_statistics(state.config_options().explain.show_statistics)
                 .indent(explain.verbose)
                 .to_string(),
@@ -405,6 +452,11 @@ impl BasinQueryPlanner {
         ))))
     }
 }
+
+/// The largest build side (estimated bytes) a query of streamed exchanges broadcasts when
+/// `single_node_max_bytes` is smaller; also at most a quarter of an executor's share for
+/// one query.
+const BROADCAST_MAX_BYTES: u64 = 256 * 1024 * 1024;
 
 /// Joins of a query that runs whole on one executor build one hash table for all its
 /// partitions (`CollectLeft`, the smaller side by the scans' estimates) instead of
