@@ -46,6 +46,9 @@ struct Args {
     record: bool,
     all: bool,
     parallel: usize,
+    /// With `--record-differences`: how many times each route runs the files; a record
+    /// whose outcome changes between them is listed as unstable.
+    runs: usize,
 }
 
 /// Routes Basin's own suites run on by default.
@@ -65,6 +68,7 @@ fn parse_args() -> Args {
         record: false,
         all: false,
         parallel: 2,
+        runs: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -81,6 +85,11 @@ fn parse_args() -> Args {
                 args.datafusion = true;
             }
             "--all" => args.all = true,
+            "--runs" => {
+                if let Some(n) = it.next().and_then(|n| n.parse().ok()) {
+                    args.runs = n;
+                }
+            }
             "--parallel" => {
                 if let Some(n) = it.next().and_then(|n| n.parse().ok()) {
                     args.parallel = n;
@@ -402,37 +411,58 @@ fn prepare_upstream(filter: Option<&str>) -> Result<Option<Upstream>, String> {
 }
 
 /// Runs DataFusion's files on one route and compares with the list; with `record`, notes
-/// what differed into the list instead. Returns the failures.
+/// what differed into the list instead (over `--runs` runs). Returns the failures.
 async fn run_upstream(up: &mut Upstream, mode: &str, connect: Connect, args: &Args) -> Vec<String> {
-    let run = upstream::run_route(
-        &up.corpus,
-        mode,
-        &up.files,
-        connect,
-        &up.list,
-        args.all,
-        args.parallel,
-    )
-    .await;
-    println!(
-        "[{mode}] DataFusion's files: {} files, {} records in {:.1} s; {} records differ, {} files skipped",
-        run.ran.len(),
-        run.records,
-        run.elapsed.as_secs_f64(),
-        run.observed.len(),
-        run.skipped_files,
-    );
+    let runs = if args.record { args.runs.max(1) } else { 1 };
+    let mut observed_per_run = vec![];
+    let mut run = upstream::RouteRun::default();
+    for i in 0..runs {
+        run = upstream::run_route(
+            &up.corpus,
+            mode,
+            &up.files,
+            connect.clone(),
+            &up.list,
+            args.all,
+            args.parallel,
+        )
+        .await;
+        println!(
+            "[{mode}] DataFusion's files{}: {} files, {} records in {:.1} s; {} records differ, {} files skipped",
+            if runs > 1 {
+                format!(" (run {} of {runs})", i + 1)
+            } else {
+                String::new()
+            },
+            run.ran.len(),
+            run.records,
+            run.elapsed.as_secs_f64(),
+            run.observed.len(),
+            run.skipped_files,
+        );
+        observed_per_run.push(std::mem::take(&mut run.observed));
+    }
+    let observed = differences::combine_runs(&observed_per_run);
     if args.record {
+        let unstable = observed
+            .iter()
+            .filter(|o| o.category == differences::UNSTABLE)
+            .count();
+        if runs > 1 {
+            println!("[{mode}] {unstable} records changed between the {runs} runs (unstable)");
+        }
         up.list
-            .record(mode, &run.ran, &run.observed, &run.unrunnable);
+            .record(mode, &run.ran, &observed, &run.unrunnable, runs == 1);
         return vec![];
     }
     let mut failures = vec![];
     let listed = up.list.listed(mode);
     let mut seen = BTreeSet::new();
-    for o in &run.observed {
+    for o in &observed {
         seen.insert(o.key());
         match listed.get(&o.key()) {
+            // Either outcome is expected of an unstable record.
+            Some(l) if l.category == differences::UNSTABLE => {}
             None => {
                 println!("[{mode}] NEW difference in {}:\n{}", o.file, o.detail);
                 failures.push(format!(
@@ -457,16 +487,28 @@ async fn run_upstream(up: &mut Upstream, mode: &str, connect: Connect, args: &Ar
         println!("[{mode}] FAIL {} could not run: {}", f.path, f.reason);
         failures.push(format!("[{mode}] datafusion {} could not run", f.path));
     }
+    // Fixed: reported, not a failure (the list is rewritten with --record-differences).
     let now_matching: Vec<_> = listed
-        .keys()
-        .filter(|k| run.ran.contains(&k.0) && !seen.contains(*k))
+        .iter()
+        .filter(|(k, l)| {
+            run.ran.contains(&k.0) && !seen.contains(*k) && l.category != differences::UNSTABLE
+        })
         .collect();
+    for ((file, part, line), l) in &now_matching {
+        let at = part
+            .as_deref()
+            .map(|p| format!(" ({p})"))
+            .unwrap_or_default();
+        println!(
+            "[{mode}] fixed, re-record: {file}:{line}{at} ({}) now matches DataFusion",
+            l.category
+        );
+    }
     if !now_matching.is_empty() {
         println!(
-            "[{mode}] {} listed differences now match DataFusion (rewrite the list with \
-             --record-differences), e.g. {:?}",
-            now_matching.len(),
-            now_matching.iter().take(5).collect::<Vec<_>>()
+            "[{mode}] {} listed differences now match DataFusion: fixed, re-record the list \
+             (--record-differences)",
+            now_matching.len()
         );
     }
     if failures.is_empty() {
@@ -544,17 +586,16 @@ async fn run() -> std::process::ExitCode {
                 passed += 1;
             }
             failures.extend(f);
+            // Written after each route, so a long recording keeps the routes it finished.
+            if args.record {
+                let path = differences::path();
+                match std::fs::write(&path, up.list.to_toml()) {
+                    Ok(()) => println!("[{mode}] wrote {}", path.display()),
+                    Err(e) => failures.push(format!("cannot write {}: {e}", path.display())),
+                }
+            }
         }
         drop(cluster);
-    }
-    if args.record
-        && let Some(up) = &upstream
-    {
-        let path = differences::path();
-        match std::fs::write(&path, up.list.to_toml()) {
-            Ok(()) => println!("wrote {}", path.display()),
-            Err(e) => failures.push(format!("cannot write {}: {e}", path.display())),
-        }
     }
     drop(upstream);
     let _ = std::fs::remove_dir_all(&data_dir);

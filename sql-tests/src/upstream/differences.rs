@@ -7,7 +7,14 @@
 //! (`--record-differences`), never by hand; only `note`, a person's explanation, is kept
 //! from the old list when the list is written again. A run fails on a record that differs
 //! and is not listed (a new difference), and on a listed difference that became a wrong
-//! answer; a listed record that now matches is reported, so the list can be rewritten.
+//! answer; a listed record that now matches is reported ("fixed, re-record"), so the list
+//! can be rewritten.
+//!
+//! A record whose outcome changes from run to run is listed as [`UNSTABLE`] (found by
+//! recording with `--runs N`: it differed in some runs and not others, or in different
+//! ways): a check accepts either outcome for it. Recording again with one run keeps such
+//! records as they are (one run cannot show a record stable); recording with several runs
+//! decides again.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -122,12 +129,15 @@ impl Differences {
 
     /// Replaces what `route` recorded for the files in `ran` with what was `observed`, and
     /// the whole-file skips of `route` for those files with `skipped`. Notes are kept.
+    /// With `carry_unstable`, the [`UNSTABLE`] records of `route` stay listed whatever was
+    /// observed (one run cannot show them stable).
     pub fn record(
         &mut self,
         route: &str,
         ran: &BTreeSet<String>,
         observed: &[Observed],
         skipped: &[FileDifference],
+        carry_unstable: bool,
     ) {
         for f in &mut self.files {
             if ran.contains(&f.path) {
@@ -145,17 +155,35 @@ impl Differences {
             }
         }
         self.files.retain(|f| !f.routes.is_empty());
+        let carried: BTreeSet<RecordKey> = self
+            .records
+            .iter()
+            .filter(|r| {
+                carry_unstable
+                    && r.category == UNSTABLE
+                    && ran.contains(&r.file)
+                    && r.routes.iter().any(|x| x == route)
+            })
+            .map(RecordDifference::key)
+            .collect();
         for r in &mut self.records {
-            if ran.contains(&r.file) {
+            if ran.contains(&r.file) && !carried.contains(&r.key()) {
                 r.routes.retain(|x| x != route);
             }
         }
         for o in observed {
+            if carried.contains(&o.key()) {
+                continue;
+            }
             match self.records.iter_mut().find(|r| r.key() == o.key()) {
                 Some(r) => {
                     r.routes.push(route.to_string());
-                    // The latest run's words; a wrong answer stays one.
-                    if r.routes.len() == 1 || o.category == WRONG_RESULT {
+                    // The latest run's words; an unstable record stays one (its outcome
+                    // changes on some route), then a wrong answer stays one.
+                    if r.routes.len() == 1
+                        || o.category == UNSTABLE
+                        || (o.category == WRONG_RESULT && r.category != UNSTABLE)
+                    {
                         r.category = o.category.clone();
                         r.reason = o.reason.clone();
                     }
@@ -286,6 +314,62 @@ pub const WRONG_RESULT: &str = "wrong-result";
 
 /// The category of a statement that did not finish within the deadline.
 pub const TIMEOUT: &str = "timeout";
+
+/// The category of a record whose outcome changed between runs of one recording (it
+/// matched DataFusion in some and differed in others, or differed in other ways): a check
+/// accepts any outcome for it.
+pub const UNSTABLE: &str = "unstable";
+
+/// What `runs` runs of the same files on one route saw, as one list: a record that
+/// differed the same way (category) in every run keeps the first run's words; one that
+/// differed in some runs only, or in other ways, is [`UNSTABLE`], its reason saying what
+/// each run saw.
+pub fn combine_runs(runs: &[Vec<Observed>]) -> Vec<Observed> {
+    // One outcome per run and record (a record of a part included twice is seen twice).
+    let mut seen: BTreeMap<RecordKey, BTreeMap<usize, &Observed>> = BTreeMap::new();
+    for (i, run) in runs.iter().enumerate() {
+        for o in run {
+            seen.entry(o.key()).or_default().entry(i).or_insert(o);
+        }
+    }
+    seen.into_values()
+        .filter_map(|per_run| {
+            let all: Vec<&Observed> = per_run.into_values().collect();
+            let first = (*all.first()?).clone();
+            let same = all.len() == runs.len() && all.iter().all(|o| o.category == first.category);
+            if same {
+                return Some(first);
+            }
+            let mut outcomes: BTreeMap<&str, usize> = BTreeMap::new();
+            for o in &all {
+                *outcomes.entry(o.category.as_str()).or_default() += 1;
+            }
+            let matched = runs.len().saturating_sub(all.len());
+            if matched > 0 {
+                outcomes.insert("matched", matched);
+            }
+            let counts: Vec<String> = outcomes.iter().map(|(c, n)| format!("{c} {n}")).collect();
+            let why = all
+                .iter()
+                .find(|o| o.category == WRONG_RESULT)
+                .unwrap_or(&all[0]);
+            Some(Observed {
+                category: UNSTABLE.to_string(),
+                reason: truncate(
+                    &format!(
+                        "in {} runs: {}; {}: {}",
+                        runs.len(),
+                        counts.join(", "),
+                        why.category,
+                        why.reason
+                    ),
+                    REASON_CHARS,
+                ),
+                ..first
+            })
+        })
+        .collect()
+}
 
 /// How long a `reason` may be.
 const REASON_CHARS: usize = 240;
@@ -445,8 +529,14 @@ mod tests {
             reason: "r".into(),
             note: None,
         };
-        list.record("inprocess", &ran, std::slice::from_ref(&observed), &[skip]);
-        list.record("cluster", &ran, &[observed], &[]);
+        list.record(
+            "inprocess",
+            &ran,
+            std::slice::from_ref(&observed),
+            &[skip],
+            true,
+        );
+        list.record("cluster", &ran, &[observed], &[], true);
         let text = list.to_toml();
         let back: Differences = toml::from_str(&text).unwrap();
         assert_eq!(back.records.len(), 1);
@@ -456,5 +546,56 @@ mod tests {
         assert!(back.skipped("c.slt", "inprocess").is_some());
         assert!(back.skipped("c.slt", "cluster").is_none());
         assert!(text.contains("#   wrong-result"));
+    }
+
+    fn seen(line: u32, category: &str) -> Observed {
+        Observed {
+            file: "a.slt".into(),
+            part: None,
+            line,
+            sql: "SELECT 1".into(),
+            category: category.into(),
+            reason: format!("{category} at {line}"),
+            detail: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_record_that_changes_between_runs_is_unstable_and_stays_listed() {
+        let runs = vec![
+            vec![
+                seen(1, WRONG_RESULT),
+                seen(1, WRONG_RESULT),
+                seen(2, TIMEOUT),
+                seen(3, WRONG_RESULT),
+            ],
+            vec![seen(1, WRONG_RESULT), seen(3, "unexpected-error")],
+        ];
+        let combined = combine_runs(&runs);
+        let by_line: BTreeMap<u32, &Observed> = combined.iter().map(|o| (o.line, o)).collect();
+        assert_eq!(by_line[&1].category, WRONG_RESULT);
+        assert_eq!(by_line[&2].category, UNSTABLE);
+        assert!(
+            by_line[&2].reason.contains("matched 1"),
+            "{}",
+            by_line[&2].reason
+        );
+        assert_eq!(by_line[&3].category, UNSTABLE);
+
+        let ran = BTreeSet::from(["a.slt".to_string()]);
+        let mut list = Differences::default();
+        list.record("inprocess", &ran, &combined, &[], true);
+        // One later run that matched on line 2 and differed on line 1: the unstable
+        // records stay as they were.
+        list.record("inprocess", &ran, &[seen(1, WRONG_RESULT)], &[], true);
+        let lines: Vec<(u32, &str)> = list
+            .records
+            .iter()
+            .map(|r| (r.line, r.category.as_str()))
+            .collect();
+        assert_eq!(lines, vec![(1, WRONG_RESULT), (2, UNSTABLE), (3, UNSTABLE)]);
+        // Several runs decide again: line 2 matched every time.
+        list.record("inprocess", &ran, &[seen(1, WRONG_RESULT)], &[], false);
+        assert_eq!(list.records.len(), 1);
     }
 }
