@@ -209,6 +209,22 @@ impl Cluster {
         lines[lines.len().saturating_sub(60)..].join("\n")
     }
 
+    /// The job directories (shuffle files) in the executors' work directories.
+    pub(crate) fn job_dirs(&self) -> Vec<std::path::PathBuf> {
+        let executors = self.dir.join("data").join("executor");
+        let mut dirs = vec![];
+        for work in std::fs::read_dir(executors).into_iter().flatten().flatten() {
+            for entry in std::fs::read_dir(work.path()).into_iter().flatten().flatten() {
+                let name = entry.file_name().to_string_lossy().to_string();
+                // DataFusion's spill directory is not a job's.
+                if entry.path().is_dir() && !name.starts_with("datafusion-") {
+                    dirs.push(entry.path());
+                }
+            }
+        }
+        dirs
+    }
+
     /// How many lines of `name`'s log contain `what`.
     pub(crate) fn count(&self, name: &str, what: &str) -> usize {
         self.log(name).lines().filter(|l| l.contains(what)).count()
@@ -241,6 +257,32 @@ fn http_get(port: u16, path: &str) -> Option<String> {
 /// Task and stage lines of an executor's log.
 const STREAMED_PARTITION: &str = "streaming a stage partition";
 const JOB_TASK: &str = "task finished";
+
+/// Ballista removes a job's shuffle files an hour after the job ends (a client may still be
+/// reading its last stage); the end of the result stream removes them at once, or a workload
+/// of large queries fills the disk first.
+#[test]
+fn a_jobs_shuffle_files_go_once_its_client_has_read_the_result() {
+    let cluster = Cluster::start(2);
+    cluster.expect(JOB, JOB_ROWS);
+    let tasks: usize = ["executor-0", "executor-1"]
+        .iter()
+        .map(|e| cluster.count(e, "task finished"))
+        .sum();
+    assert!(tasks > 0, "the query ran no Ballista task");
+    let start = Instant::now();
+    loop {
+        let left = cluster.job_dirs();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "shuffle files left 15 s after the client read the result: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
 
 #[test]
 fn an_executor_killed_between_queries_is_passed_over_and_used_again_once_restarted() {

@@ -52,6 +52,11 @@ impl SessionFactory {
         self.cluster.cancel_jobs_named(name).await;
     }
 
+    /// Removes the shuffle files of the jobs named `name` that ended at or after `since_ms`.
+    pub async fn remove_data_of_jobs_named(&self, name: &str, since_ms: u64) {
+        self.cluster.remove_data_of_jobs_named(name, since_ms).await;
+    }
+
     /// The time limit of a query that `session` runs now.
     pub fn time_limit(&self, session: &SessionContext) -> Option<crate::limits::TimeLimit> {
         crate::limits::TimeLimit::of(

@@ -194,17 +194,21 @@ impl BasinFlightSqlService {
             let stream = execute(session, plan, params).await?;
             stream.try_collect().await.map_err(to_status)
         };
-        let Some(limit) = self.sessions.time_limit(&session.ctx) else {
-            return run.await;
+        let done = match self.sessions.time_limit(&session.ctx) {
+            None => run.await,
+            Some(limit) => match tokio::time::timeout(limit.limit, run).await {
+                Ok(done) => done,
+                Err(_) => {
+                    tracing::info!(job = %name, "a statement ran out of time: cancelling it");
+                    self.sessions.cancel_jobs_named(&name).await;
+                    Err(Status::deadline_exceeded(limit.message()))
+                }
+            },
         };
-        match tokio::time::timeout(limit.limit, run).await {
-            Ok(done) => done,
-            Err(_) => {
-                tracing::info!(job = %name, "a statement ran out of time: cancelling it");
-                self.sessions.cancel_jobs_named(&name).await;
-                Err(Status::deadline_exceeded(limit.message()))
-            }
-        }
+        // Its jobs' shuffle files are read by nobody any more (the name is this run's own).
+        let sessions = self.sessions.clone();
+        tokio::spawn(async move { sessions.remove_data_of_jobs_named(&name, 0).await });
+        done
     }
 
     fn flight_info(
@@ -261,8 +265,12 @@ impl BasinFlightSqlService {
         });
         let session = session.map_err(to_status)?;
         let plan = self.replan(&session, plan, again).await?;
-        // Name the Ballista job after the statement so a cancel can find and stop it.
+        // Name the Ballista job after the statement so a cancel can find and stop it, and
+        // the end of its result can remove its shuffle files.
         name_next_jobs(&session, handle);
+        let started_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
         let limit = self
             .sessions
             .time_limit(&session.ctx)
@@ -290,6 +298,7 @@ impl BasinFlightSqlService {
             handle: handle.to_string(),
             session: key.to_string(),
             remove: !prepared,
+            jobs: Some((self.sessions.clone(), started_ms)),
         };
         let abandon = Some((self.sessions.clone(), handle.to_string()));
         let flight: DoGetStream = match started {
@@ -428,16 +437,25 @@ impl BasinFlightSqlService {
 }
 
 /// Removes a one-shot statement (or forgets a prepared statement's run) when its result
-/// stream ends or is dropped.
+/// stream ends or is dropped, and the shuffle files of the Ballista jobs it ran (named after
+/// the statement, ended since the stream started): nobody reads them any more.
 struct Cleanup {
     registry: Arc<Registry>,
     handle: String,
     session: String,
     remove: bool,
+    /// Where to remove the jobs' files, and when the statement started (ms since the epoch).
+    jobs: Option<(Arc<SessionFactory>, u64)>,
 }
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
+        if let Some((sessions, since)) = self.jobs.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let name = self.handle.clone();
+            runtime.spawn(async move { sessions.remove_data_of_jobs_named(&name, since).await });
+        }
         if self.remove {
             self.registry.remove_statement(&self.handle, &self.session);
         } else {
