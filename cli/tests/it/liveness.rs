@@ -214,7 +214,11 @@ impl Cluster {
         let executors = self.dir.join("data").join("executor");
         let mut dirs = vec![];
         for work in std::fs::read_dir(executors).into_iter().flatten().flatten() {
-            for entry in std::fs::read_dir(work.path()).into_iter().flatten().flatten() {
+            for entry in std::fs::read_dir(work.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
                 let name = entry.file_name().to_string_lossy().to_string();
                 // DataFusion's spill directory is not a job's.
                 if entry.path().is_dir() && !name.starts_with("datafusion-") {
