@@ -566,3 +566,39 @@ fn a_count_over_a_semi_join_is_counted() {
     );
     let _ = std::fs::remove_dir_all(&data);
 }
+
+/// A join's keys (DataFusion's dynamic filter) reach the Iceberg scan of its probe side,
+/// whose row groups they prune on the executor that runs the query; the answers are the
+/// same in `basin standalone` and on a scheduler with an executor, and what the generated
+/// table gives.
+#[test]
+fn a_joins_keys_reach_the_scan_of_its_probe_side() {
+    const SETUP: &str = "CREATE SCHEMA lake.s; \
+         CREATE TABLE lake.s.o WITH (\"write.parquet.row-group-limit\" = '1000') AS \
+           SELECT o_orderkey, o_custkey, o_totalprice FROM tpch.tiny.orders ORDER BY o_orderkey; \
+         CREATE TABLE lake.s.pick AS SELECT o_orderkey AS k FROM tpch.tiny.orders \
+           WHERE o_orderkey < 100";
+    const JOIN: &str = "SELECT count(*) AS n, sum(o_totalprice) AS total \
+         FROM lake.s.o JOIN lake.s.pick ON o_orderkey = k";
+    let data = scratch_dir("lake-dynamic-filter");
+    ok(&data, SETUP);
+    let plan = ok(&data, &format!("EXPLAIN {JOIN}"));
+    let probe = plan
+        .lines()
+        .find(|l| l.contains("IcebergScanExec: table=lake.s.o,"))
+        .unwrap_or_else(|| panic!("no scan of lake.s.o in {plan}"));
+    assert!(probe.contains("pruning_filters=[DynamicFilter"), "{plan}");
+    let want = ok(
+        &data,
+        "SELECT count(*) AS n, sum(o_totalprice) AS total FROM tpch.tiny.orders \
+         WHERE o_orderkey < 100",
+    );
+    assert!(want.starts_with("n,total\n27,"), "{want}");
+    assert_eq!(ok(&data, JOIN), want);
+    let _ = std::fs::remove_dir_all(&data);
+
+    let cluster = crate::liveness::Cluster::start_with(1, "[server]\n");
+    let out = cluster.sql(SETUP);
+    assert!(out.status.success(), "{}", stderr(&out));
+    cluster.expect(JOIN, &want);
+}

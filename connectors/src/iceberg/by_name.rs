@@ -9,7 +9,10 @@
 //!
 //! When matching by name is provably the same as matching by field id, a scan reads its files
 //! through DataFusion's `ParquetSource` instead: row groups and pages pruned with the pushed
-//! filters, rows filtered once by the `FilterExec` above. That holds when
+//! filters, rows filtered once by the `FilterExec` above. Filters pushed into the physical
+//! plan prune too, among them a hash join's dynamic filter of its build side's keys, as it
+//! stands when each file is opened (`IcebergScanExec::handle_child_pushdown_result`). That
+//! holds when
 //! - no planned file has delete files (they need iceberg-rust's delete handling), and every
 //!   file is Parquet;
 //! - the table's `schema.name-mapping.default`, if any (for files without field ids), maps
