@@ -115,7 +115,16 @@ mod tests {
 
     /// A session over two Parquet tables whose first columns' bounds do not meet: `a(x, k)`
     /// with `x` in 100..200 and `b(k)` with `k` in 1..2.
-    async fn context(replace: bool) -> SessionContext {
+    /// A session and its folder of Parquet files, removed when dropped.
+    struct Session(SessionContext, std::path::PathBuf);
+
+    impl Drop for Session {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.1);
+        }
+    }
+
+    async fn context(replace: bool) -> Session {
         let mut state = SessionStateBuilder::new().with_default_features().build();
         let mut rules = state.physical_optimizers().to_vec();
         if replace {
@@ -156,7 +165,7 @@ mod tests {
         ] {
             ctx.sql(&sql).await.unwrap().collect().await.unwrap();
         }
-        ctx
+        Session(ctx, dir)
     }
 
     async fn count(ctx: &SessionContext, sql: &str) -> (i64, String) {
@@ -177,16 +186,16 @@ mod tests {
     async fn a_count_over_a_semi_join_is_computed() {
         let sql = "SELECT count(*) FROM (SELECT DISTINCT x FROM a WHERE k IN (SELECT k FROM b))";
         // DataFusion 53.1 alone: the semi join's estimate of no rows is taken as exact.
-        let (n, plan) = count(&context(false).await, sql).await;
+        let (n, plan) = count(&context(false).await.0, sql).await;
         assert_eq!(n, 0, "DataFusion fixed apache/datafusion#22413? {plan}");
-        let (n, plan) = count(&context(true).await, sql).await;
+        let (n, plan) = count(&context(true).await.0, sql).await;
         assert_eq!(n, 2, "{plan}");
         assert!(plan.contains("HashJoinExec"), "{plan}");
     }
 
     #[tokio::test]
     async fn a_count_of_a_table_is_still_answered_from_its_statistics() {
-        let (n, plan) = count(&context(true).await, "SELECT count(*) FROM a").await;
+        let (n, plan) = count(&context(true).await.0, "SELECT count(*) FROM a").await;
         assert_eq!(n, 3);
         assert!(plan.contains("PlaceholderRowExec"), "{plan}");
         assert!(!plan.contains("DataSourceExec"), "{plan}");
