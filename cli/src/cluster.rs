@@ -123,7 +123,10 @@ impl StandaloneCluster {
                 }
             };
             let reason = match outcome {
-                Ok(Ok(())) if restarts < 3 => {
+                // A server that ended on its own at start is most often a free port that
+                // another process took between its pick and the bind (tests, other
+                // clusters on the machine): new ports, up to three times.
+                Ok(Ok(()) | Err(BasinError::Stopped(_))) if restarts < 3 => {
                     restarts += 1;
                     tracing::warn!(
                         executor = i,

@@ -27,6 +27,10 @@ pub enum BasinError {
     /// A user asked for something that does not exist or is not allowed.
     #[error("{0}")]
     Invalid(String),
+    /// A server (an executor's) stopped on its own without being asked to: one of its ports
+    /// taken by another process, or its scheduler gave it up. Starting it again may work.
+    #[error("{0}")]
+    Stopped(String),
     /// Errors from DataFusion.
     #[error(transparent)]
     DataFusion(#[from] datafusion::error::DataFusionError),

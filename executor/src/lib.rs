@@ -322,7 +322,7 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
         match start_executor_process(process_config.clone()).await {
             Ok(()) if asked_to_stop.load(std::sync::atomic::Ordering::Acquire) => return Ok(()),
             Ok(()) => {
-                return Err(BasinError::Invalid(format!(
+                return Err(BasinError::Stopped(format!(
                     "executor {}:{flight} stopped without being asked to: one of its servers \
                      ended (its gRPC port {grpc} taken by another process?) or the scheduler \
                      at {}:{} gave it up; the log above says which. Start it again",
