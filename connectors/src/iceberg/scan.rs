@@ -125,6 +125,19 @@ pub struct IcebergScanExec {
 }
 
 impl IcebergScanExec {
+    /// The same scan with `pushed` as its pruning filters and metrics of its own.
+    fn with_pushed(&self, pushed: Vec<Arc<dyn PhysicalExpr>>) -> Self {
+        Self {
+            spec: self.spec.clone(),
+            table_schema: Arc::clone(&self.table_schema),
+            schema: Arc::clone(&self.schema),
+            properties: Arc::clone(&self.properties),
+            metrics: ExecutionPlanMetricsSet::new(),
+            column_stats: self.column_stats.clone(),
+            pushed,
+        }
+    }
+
     pub fn try_new(spec: ScanSpec) -> Result<Self> {
         let iceberg_schema: iceberg::spec::Schema = serde_json::from_str(&spec.schema_json)
             .map_err(|e| DataFusionError::Internal(format!("bad Iceberg schema in plan: {e}")))?;
@@ -411,22 +424,10 @@ impl ExecutionPlan for IcebergScanExec {
     /// The same scan with metrics of its own (an executor that runs several partitions
     /// of a stage from one decoded plan gives each task its own copy).
     fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
-        Ok(Arc::new(Self {
-            spec: self.spec.clone(),
-            table_schema: Arc::clone(&self.table_schema),
-            schema: Arc::clone(&self.schema),
-            properties: Arc::clone(&self.properties),
-            metrics: ExecutionPlanMetricsSet::new(),
-            column_stats: self.column_stats.clone(),
-            // A dynamic filter belongs to the operator that pushed it, and that operator's
-            // reset drops it: kept, it would prune the next run with the last run's values.
-            pushed: self
-                .pushed
-                .iter()
-                .filter(|p| !is_dynamic_physical_expr(p))
-                .cloned()
-                .collect(),
-        }))
+        // A dynamic filter belongs to the operator that pushed it, and that operator's reset
+        // drops it: kept, it would prune the next run with the last run's values.
+        let kept = self.pushed.iter().filter(|p| !is_dynamic_physical_expr(p));
+        Ok(Arc::new(self.with_pushed(kept.cloned().collect())))
     }
 
     /// Filters from above (a hash join's keys on its build side, a TopK's bound, a
@@ -460,15 +461,7 @@ impl ExecutionPlan for IcebergScanExec {
         }
         let mut pushed = self.pushed.clone();
         pushed.extend(usable);
-        Ok(result.with_updated_node(Arc::new(Self {
-            spec: self.spec.clone(),
-            table_schema: Arc::clone(&self.table_schema),
-            schema: Arc::clone(&self.schema),
-            properties: Arc::clone(&self.properties),
-            metrics: ExecutionPlanMetricsSet::new(),
-            column_stats: self.column_stats.clone(),
-            pushed,
-        })))
+        Ok(result.with_updated_node(Arc::new(self.with_pushed(pushed))))
     }
 
     fn partition_statistics(&self, partition: Option<usize>) -> Result<Statistics> {
