@@ -22,7 +22,7 @@ use datafusion::functions_table::generate_series::{
     Empty as SeriesEmpty, GenSeriesArgs, GenerateSeriesTable, GenericSeriesState, TimestampValue,
 };
 use datafusion::logical_expr::expr::Alias;
-use datafusion::logical_expr::{Distinct, Expr, Extension, LogicalPlan, SubqueryAlias};
+use datafusion::logical_expr::{Distinct, Expr, Extension, LogicalPlan, SubqueryAlias, WindowUDF};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::sql::TableReference;
 use datafusion_proto::logical_plan::LogicalExtensionCodec;
@@ -55,6 +55,7 @@ enum Kind {
     Series = 10,
     PartitionSubset = 11,
     ExchangeRead = 12,
+    WindowFunction = 13,
 }
 
 /// A `generate_series` / `range` table (a query that runs as a Ballista job sends its
@@ -171,6 +172,23 @@ fn basin_payload(buf: &[u8]) -> Option<(u8, &[u8])> {
     let rest = buf.strip_prefix(MAGIC)?;
     let (&kind, payload) = rest.split_first()?;
     Some((kind, payload))
+}
+
+/// A window function that carries Basin's flags (`crate::windows`) as `BASIN` + its kind
+/// + JSON; any other one as `otherwise` writes it.
+fn encode_window_function(
+    node: &WindowUDF,
+    buf: &mut Vec<u8>,
+    otherwise: impl FnOnce(&WindowUDF, &mut Vec<u8>) -> Result<()>,
+) -> Result<()> {
+    let mut payload = vec![];
+    if !crate::windows::encode(node, &mut payload)? {
+        return otherwise(node, buf);
+    }
+    buf.extend_from_slice(MAGIC);
+    buf.push(Kind::WindowFunction as u8);
+    buf.extend_from_slice(&payload);
+    Ok(())
 }
 
 fn decode_json<'a, T: Deserialize<'a>>(payload: &'a [u8]) -> Result<T> {
@@ -367,6 +385,19 @@ impl LogicalExtensionCodec for BasinLogicalCodec {
     ) -> Result<()> {
         self.inner.try_encode_file_format(buf, node)
     }
+
+    fn try_encode_udwf(&self, node: &WindowUDF, buf: &mut Vec<u8>) -> Result<()> {
+        encode_window_function(node, buf, |node, buf| self.inner.try_encode_udwf(node, buf))
+    }
+
+    fn try_decode_udwf(&self, name: &str, buf: &[u8]) -> Result<Arc<WindowUDF>> {
+        match basin_payload(buf) {
+            Some((k, payload)) if k == Kind::WindowFunction as u8 => {
+                crate::windows::decode(payload)
+            }
+            _ => self.inner.try_decode_udwf(name, buf),
+        }
+    }
 }
 
 /// Physical codec: Basin's execution plans, then Ballista's.
@@ -443,6 +474,19 @@ impl PhysicalExtensionCodec for BasinPhysicalCodec {
             return crate::exchange::encode_exchange_read(read, buf);
         }
         self.inner.try_encode(node, buf)
+    }
+
+    fn try_encode_udwf(&self, node: &WindowUDF, buf: &mut Vec<u8>) -> Result<()> {
+        encode_window_function(node, buf, |node, buf| self.inner.try_encode_udwf(node, buf))
+    }
+
+    fn try_decode_udwf(&self, name: &str, buf: &[u8]) -> Result<Arc<WindowUDF>> {
+        match basin_payload(buf) {
+            Some((k, payload)) if k == Kind::WindowFunction as u8 => {
+                crate::windows::decode(payload)
+            }
+            _ => self.inner.try_decode_udwf(name, buf),
+        }
     }
 }
 

@@ -14,9 +14,11 @@ pub mod codec;
 pub mod exchange;
 pub mod files;
 pub mod iceberg;
+pub mod portable;
 pub mod remote;
 pub mod tpch;
 pub mod views;
+pub mod windows;
 
 /// The runtime all I/O to other systems runs on: PostgreSQL/MySQL pools and their sockets,
 /// and the HTTP connections of S3 stores, live here whatever runtime DataFusion, Ballista or

@@ -21,6 +21,7 @@ use basin_connectors::iceberg::{
     IcebergAlterTable, IcebergCommitExec, IcebergCreateTable, IcebergDdl, IcebergDdlExec,
     IcebergTableProvider, IcebergWriteNode, WriteSpec,
 };
+use basin_connectors::portable::portable_plan;
 use basin_connectors::remote::RemotePushdown;
 use basin_core::BasinConfig;
 use datafusion::common::format::ExplainFormat;
@@ -498,6 +499,8 @@ impl QueryPlanner for BasinQueryPlanner {
         logical_plan: &LogicalPlan,
         session_state: &SessionState,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        // What datafusion-proto would drop on the way to the executors travels (`portable`).
+        let logical_plan = &portable_plan(logical_plan.clone())?;
         let local = writes_memory_table(logical_plan)
             || matches!(logical_plan, LogicalPlan::DescribeTable(_));
         // The executors that will take the work, looked up once per query.

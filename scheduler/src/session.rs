@@ -11,6 +11,7 @@ use ballista_core::extension::{
 use ballista_scheduler::scheduler_server::SessionBuilder;
 use basin_connectors::codec::{logical_codec, physical_codec};
 use basin_connectors::iceberg::IcebergWritePlanner;
+use basin_connectors::portable::portable_plan;
 use datafusion::execution::context::QueryPlanner;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::execution::{SessionState, SessionStateBuilder};
@@ -88,8 +89,10 @@ impl QueryPlanner for SchedulerQueryPlanner {
         logical_plan: &LogicalPlan,
         session_state: &SessionState,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        // What datafusion-proto would drop on the way to the executors travels (`portable`).
+        let logical_plan = portable_plan(logical_plan.clone())?;
         DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(IcebergWritePlanner)])
-            .create_physical_plan(logical_plan, session_state)
+            .create_physical_plan(&logical_plan, session_state)
             .await
     }
 }
