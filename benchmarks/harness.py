@@ -231,17 +231,20 @@ def guarded(fn, watched, timeout: float, rss_limit_mb: float | None, poll: float
 class Basin:
     """A Basin deployment reached over Flight SQL."""
 
-    def __init__(self, binary, data_dir, workdir, executors, standalone, config=None):
-        """`config`: an optional basin.toml passed to every process with `--config`."""
+    def __init__(self, binary, data_dir, workdir, executors, standalone, config=None,
+                 pin_executors=False):
+        """`config`: an optional basin.toml passed to every process with `--config`.
+        `pin_executors`: executor i runs under `taskset -c i` (one core each), for scale-out
+        runs; the scheduler is not pinned."""
         self.procs = []
         self.workdir = workdir
         env = dict(os.environ)
         env.setdefault("BASIN_LOG", "warn")  # BASIN_LOG=debug python3 ... to see more
         flight = free_port()
-        def spawn(name, *args):
+        def spawn(name, *args, prefix=()):
             log = workdir / f"{name}.log"
             extra = ["--config", str(config)] if config else []
-            p = subprocess.Popen([binary, *args, "--data-dir", str(data_dir), *extra], env=env,
+            p = subprocess.Popen([*prefix, binary, *args, "--data-dir", str(data_dir), *extra], env=env,
                                  stdout=open(log, "w"), stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL)
             self.procs.append((p, str(log)))
@@ -257,7 +260,9 @@ class Basin:
                 wait_port(sched, self.procs)
                 self.names = ["scheduler"]
                 for i in range(executors):
-                    spawn(f"executor-{i}", "executor", "--scheduler", f"127.0.0.1:{sched}")
+                    pin = ("taskset", "-c", str(i % os.cpu_count())) if pin_executors else ()
+                    spawn(f"executor-{i}", "executor", "--scheduler", f"127.0.0.1:{sched}",
+                          prefix=pin)
                     self.names.append(f"executor-{i}")
             wait_port(flight, self.procs)
             import adbc_driver_flightsql.dbapi as fs
@@ -370,6 +375,17 @@ class Basin:
                 p.kill()
         for p, _ in self.procs:
             p.wait()
+
+
+def with_server_setting(toml: str, line: str) -> str:
+    """`toml` with `line` added to its `[server]` table (the table added when it has none)."""
+    lines = toml.splitlines()
+    if "[server]" in (l.strip() for l in lines):
+        at = [l.strip() for l in lines].index("[server]")
+        lines.insert(at + 1, line)
+    else:
+        lines = ["[server]", line, *lines]
+    return "\n".join(lines) + "\n"
 
 
 def source_codec(files, what="tpchgen") -> str:

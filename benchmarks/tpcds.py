@@ -49,7 +49,7 @@ import time
 from harness import (REPO, Basin, ClusterError, QueryFailed, Worker, bytes_planned,
                      datafusion_session, guarded, machine, one_line, peak_rss_mb, report,
                      reset_peak_rss, rows_of, rss_mb, same_value, sf_name, source_codec, timed,
-                     unmatched)
+                     unmatched, with_server_setting)
 
 TABLES = [
     "call_center", "catalog_page", "catalog_returns", "catalog_sales", "customer",
@@ -58,7 +58,10 @@ TABLES = [
     "store_returns", "store_sales", "time_dim", "warehouse", "web_page", "web_returns",
     "web_sales", "web_site",
 ]
-BASIN_ENGINES = ("basin", "basin-standalone")
+BASIN_ENGINES = ("basin", "basin-standalone", "basin-exchanges")
+# Settings each Basin engine adds to --basin-config: basin-exchanges runs queries over
+# `single_node_max_bytes` as streamed stages with exchanges instead of Ballista jobs.
+BASIN_SETTINGS = {"basin-exchanges": "streamed_exchanges = true"}
 
 
 def _basin(reason: str) -> dict[str, str]:
@@ -305,8 +308,13 @@ def load_iceberg(basin: Basin, files, schema: str, codec: str) -> float:
 class Deployment:
     """A Basin deployment that is started again after a query took a process down."""
 
-    def __init__(self, args, standalone, schema, workdir):
+    def __init__(self, args, standalone, schema, workdir, setting=None):
         self.args, self.standalone, self.schema, self.workdir = args, standalone, schema, workdir
+        self.config = args.basin_config
+        if setting:
+            given = pathlib.Path(self.config).read_text() if self.config else ""
+            self.config = workdir / "basin.toml"
+            self.config.write_text(with_server_setting(given, setting))
         self.basin = None
         self.restarts = 0
         # Deployments given up after a failure: kept, so that the ADBC handles a query
@@ -316,7 +324,7 @@ class Deployment:
     def start(self):
         self.basin = Basin(self.args.basin, pathlib.Path(self.args.cache) / "basin-data",
                            self.workdir, self.args.executors, self.standalone,
-                           config=self.args.basin_config)
+                           config=self.config)
 
     def use(self):
         self.basin.query(f"USE lake.{self.schema}")
@@ -457,7 +465,7 @@ def main():
     engines = args.engines.split(",")
     unknown = set(engines) - {*BASIN_ENGINES, "duckdb", "datafusion"}
     if unknown:
-        sys.exit(f"unknown engines {sorted(unknown)}: use basin, basin-standalone, duckdb, datafusion")
+        sys.exit(f"unknown engines {sorted(unknown)}: use {', '.join(BASIN_ENGINES)}, duckdb, datafusion")
     if args.check_only:
         args.runs = 0
     cache = pathlib.Path(args.cache)
@@ -528,7 +536,8 @@ def main():
         if label not in BASIN_ENGINES:
             continue
         workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"{label}-"))
-        dep = Deployment(args, label == "basin-standalone", schema, workdir)
+        dep = Deployment(args, label == "basin-standalone", schema, workdir,
+                         BASIN_SETTINGS.get(label))
         try:
             dep.start()
             load = load_iceberg(dep.basin, files, schema, codec)

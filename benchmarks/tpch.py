@@ -36,7 +36,7 @@ import tempfile
 import time
 
 from harness import (REPO, Basin, bytes_planned, machine, report, rows_of,
-                     same_answer, sf_name, source_codec, timed)
+                     same_answer, sf_name, source_codec, timed, with_server_setting)
 
 TABLES = ["nation", "region", "part", "supplier", "partsupp", "customer", "orders", "lineitem"]
 
@@ -164,6 +164,8 @@ def main():
     ap.add_argument("--basin-config", default=None,
                     help="a basin.toml the basin and basin-standalone processes read "
                          "(e.g. [server] single_node_max_bytes = 0)")
+    ap.add_argument("--pin-executors", action="store_true",
+                    help="run executor i under `taskset -c i` (scale-out runs: one core each)")
     args = ap.parse_args()
     engines = args.engines.split(",")
     if args.check_only:
@@ -211,16 +213,27 @@ def main():
     schema = f"tpch_{sf_name(args.sf)}_{codec}"
     data_dir = cache / "basin-data"
     # basin-jobs: the cluster with streamed stages off (every query a Ballista job), to show
-    # what streaming one-stage queries changes.
-    for label, standalone in (("basin", False), ("basin-standalone", True), ("basin-jobs", False)):
+    # what streaming one-stage queries changes; basin-exchanges: the cluster with queries over
+    # `single_node_max_bytes` run as streamed stages with exchanges instead of Ballista jobs;
+    # basin-distributed: every query with a join, GROUP BY or window on those exchanges, none
+    # whole on one executor (the single-node route off).
+    meta["pin_executors"] = args.pin_executors
+    for label, standalone in (("basin", False), ("basin-standalone", True), ("basin-jobs", False),
+                              ("basin-exchanges", False), ("basin-distributed", False)):
         if label not in engines:
             continue
         workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"{label}-"))
         config = args.basin_config
-        if label == "basin-jobs":
+        extra = {"basin-jobs": "streamed_stages = false",
+                 "basin-exchanges": "streamed_exchanges = true",
+                 "basin-distributed": "streamed_exchanges = true\nsingle_node_max_bytes = 0",
+                 }.get(label)
+        if extra:
+            given = pathlib.Path(config).read_text() if config else ""
             config = workdir / "basin.toml"
-            config.write_text("[server]\nstreamed_stages = false\n")
-        basin = Basin(args.basin, data_dir, workdir, args.executors, standalone, config=config)
+            config.write_text(with_server_setting(given, extra))
+        basin = Basin(args.basin, data_dir, workdir, args.executors, standalone, config=config,
+                      pin_executors=args.pin_executors and not standalone)
         try:
             load = load_iceberg(basin, files, schema, codec)
             meta.setdefault("load_seconds", round(load, 1))
