@@ -24,6 +24,8 @@ use datafusion::functions_table::generate_series::{
 use datafusion::logical_expr::expr::Alias;
 use datafusion::logical_expr::{Distinct, Expr, Extension, LogicalPlan, SubqueryAlias, WindowUDF};
 use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::recursive_query::RecursiveQueryExec;
+use datafusion::physical_plan::work_table::WorkTableExec;
 use datafusion::sql::TableReference;
 use datafusion_proto::logical_plan::LogicalExtensionCodec;
 use datafusion_proto::physical_plan::PhysicalExtensionCodec;
@@ -56,6 +58,8 @@ enum Kind {
     PartitionSubset = 11,
     ExchangeRead = 12,
     WindowFunction = 13,
+    RecursiveQuery = 14,
+    WorkTable = 15,
 }
 
 /// A `generate_series` / `range` table (a query that runs as a Ballista job sends its
@@ -445,6 +449,12 @@ impl PhysicalExtensionCodec for BasinPhysicalCodec {
             Some((k, payload)) if k == Kind::ExchangeRead as u8 => Ok(Arc::new(
                 crate::exchange::decode_exchange_read(payload, ctx, self)?,
             )),
+            Some((k, payload)) if k == Kind::RecursiveQuery as u8 => Ok(Arc::new(
+                crate::recursive::recursive_query(decode_json(payload)?, inputs)?,
+            )),
+            Some((k, payload)) if k == Kind::WorkTable as u8 => Ok(Arc::new(
+                crate::recursive::work_table(decode_json(payload)?)?,
+            )),
             Some((k, _)) => Err(DataFusionError::Internal(format!(
                 "unknown Basin execution plan kind {k}"
             ))),
@@ -467,6 +477,20 @@ impl PhysicalExtensionCodec for BasinPhysicalCodec {
         }
         if let Some(subset) = node.as_any().downcast_ref::<PartitionSubsetExec>() {
             return encode_json(Kind::PartitionSubset, &(subset.tasks(), subset.task()), buf);
+        }
+        if let Some(recursive) = node.as_any().downcast_ref::<RecursiveQueryExec>() {
+            return encode_json(
+                Kind::RecursiveQuery,
+                &crate::recursive::recursive_wire(recursive),
+                buf,
+            );
+        }
+        if let Some(table) = node.as_any().downcast_ref::<WorkTableExec>() {
+            return encode_json(
+                Kind::WorkTable,
+                &crate::recursive::work_table_wire(table)?,
+                buf,
+            );
         }
         if let Some(read) = node.as_any().downcast_ref::<ExchangeReadExec>() {
             buf.extend_from_slice(MAGIC);

@@ -15,6 +15,7 @@ pub mod exchange;
 pub mod files;
 pub mod iceberg;
 pub mod portable;
+mod recursive;
 pub mod remote;
 pub mod tpch;
 pub mod views;

@@ -317,6 +317,27 @@ impl BasinQueryPlanner {
         executors: &[ExecutorInfo],
         why: &mut Option<String>,
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        if streamed::is_recursive(plan) {
+            // A recursive query's work table lives in the process that runs it: the whole
+            // query runs on one executor whatever its size, else here. A Ballista job cut
+            // its recursive term into stages that never saw the work table, and waited
+            // forever.
+            if let LogicalPlan::Explain(explain) = plan {
+                // `explain_streamed` shows the executor's plan; other EXPLAINs are made here.
+                if self.cluster.is_some() && explain.explain_format == ExplainFormat::Indent {
+                    return Ok(None);
+                }
+                return Ok(Some(self.local.create_physical_plan(plan, state).await?));
+            }
+            if let Some(one_node) = self
+                .plan_on_one_executor(plan, state, executors, true)
+                .await?
+            {
+                return Ok(Some(one_node));
+            }
+            tracing::info!("a recursive query runs in the front end: no executor can take it");
+            return Ok(Some(self.local.create_physical_plan(plan, state).await?));
+        }
         if executors.is_empty() {
             return Ok(None);
         }
@@ -378,6 +399,19 @@ impl BasinQueryPlanner {
         state: &SessionState,
         executors: &[ExecutorInfo],
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        self.plan_on_one_executor(plan, state, executors, false)
+            .await
+    }
+
+    /// [`Self::plan_one_node`]; with `whole`, whatever the scans' size, and never again as
+    /// a Ballista job when the executor runs out of memory (a query that cannot be one).
+    async fn plan_on_one_executor(
+        &self,
+        plan: &LogicalPlan,
+        state: &SessionState,
+        executors: &[ExecutorInfo],
+        whole: bool,
+    ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         // Planned for the cores of the executor that will run it, with hash joins: the
         // scans are bounded by `single_node_max_bytes` and by what one query may hold on
         // that executor, so the build sides fit in memory (sort-merge joins, the cluster's
@@ -396,9 +430,13 @@ impl BasinQueryPlanner {
         options.optimizer.prefer_hash_join = true;
         one_node_join_thresholds(&mut options.optimizer, max_bytes);
         let physical = self.local.create_physical_plan(plan, &one_node).await?;
-        let Some(one_node) = streamed::single_node(physical, (executor, running), max_bytes) else {
+        let limit = (!whole).then_some(max_bytes);
+        let Some(one_node) = streamed::single_node(physical, (executor, running), limit) else {
             return Ok(None);
         };
+        if whole {
+            return Ok(Some(one_node));
+        }
         // Hash joins cannot spill: one that outgrows the executor runs again as a job.
         let job = self.plan_job(plan, state).await?;
         Ok(Some(crate::memory::or_as_job(one_node, job)))

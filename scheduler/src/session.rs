@@ -89,6 +89,14 @@ impl QueryPlanner for SchedulerQueryPlanner {
         logical_plan: &LogicalPlan,
         session_state: &SessionState,
     ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        if crate::streamed::is_recursive(logical_plan) {
+            // Basin's front end runs these on one executor (`frontend.rs`).
+            return datafusion::common::plan_err!(
+                "a recursive query (WITH RECURSIVE) cannot run as a Ballista job, whose stages \
+                 would not share its work table: send it through Basin's front end (Flight \
+                 SQL, `basin sql`), which runs it on one executor"
+            );
+        }
         // What datafusion-proto would drop on the way to the executors travels (`portable`).
         let logical_plan = portable_plan(logical_plan.clone())?;
         DefaultPhysicalPlanner::with_extension_planners(vec![Arc::new(IcebergWritePlanner)])

@@ -31,7 +31,7 @@ use basin_connectors::iceberg::IcebergScanExec;
 use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::arrow::ipc::MessageHeader;
 use datafusion::arrow::ipc::writer::IpcWriteOptions;
-use datafusion::common::tree_node::TreeNode;
+use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::logical_expr::{Aggregate, LogicalPlan, TableScan};
@@ -114,6 +114,22 @@ fn needs_more(plan: &LogicalPlan, allowed: &[Needs]) -> bool {
 /// partition's rows or the front end.
 pub(crate) fn may_stream(plan: &LogicalPlan) -> bool {
     !needs_more(plan, &[Needs::OneStage])
+}
+
+/// Whether a logical plan holds a recursive query (`WITH RECURSIVE`), which runs in one
+/// process or not at all.
+pub fn is_recursive(plan: &LogicalPlan) -> bool {
+    let mut found = false;
+    plan.apply_with_subqueries(|node| {
+        found = matches!(node, LogicalPlan::RecursiveQuery(_));
+        Ok(if found {
+            TreeNodeRecursion::Stop
+        } else {
+            TreeNodeRecursion::Continue
+        })
+    })
+    .expect("the closure never fails");
+    found
 }
 
 /// Whether a (optimized) logical plan may run whole on one executor when it is small: a
@@ -300,16 +316,18 @@ pub(crate) fn next_executor(executors: &[ExecutorInfo]) -> Option<(&ExecutorInfo
 pub(crate) fn single_node(
     plan: Arc<dyn ExecutionPlan>,
     (executor, running): (&ExecutorInfo, Arc<Running>),
-    max_bytes: u64,
+    max_bytes: Option<u64>,
 ) -> Option<Arc<dyn ExecutionPlan>> {
-    let bytes = scanned_bytes(&plan)?;
-    if bytes > max_bytes {
-        tracing::debug!(
-            bytes,
-            max_bytes,
-            "query too big for one executor: Ballista runs it"
-        );
-        return None;
+    if let Some(max_bytes) = max_bytes {
+        let bytes = scanned_bytes(&plan)?;
+        if bytes > max_bytes {
+            tracing::debug!(
+                bytes,
+                max_bytes,
+                "query too big for one executor: Ballista runs it"
+            );
+            return None;
+        }
     }
     let plan: Arc<dyn ExecutionPlan> = if plan.properties().partitioning.partition_count() > 1 {
         Arc::new(CoalescePartitionsExec::new(plan))

@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 use crate::{RunWithin, Scratch, scratch_dir, stderr, stdout};
 
 /// Small queries run whole on one executor up to this many bytes (by the scans' estimates):
-/// joins of `tpch.tiny` tables do, a GROUP BY over `tpch.sf0_1.lineitem` does not.
-const CONFIG: &str = "[server]\nsingle_node_max_bytes = 10000000\n";
+/// joins of `tpch.tiny` tables do, a GROUP BY over `tpch.sf0_1.lineitem` does not, and
+/// runs as a Ballista job (streamed exchanges off: `exchange.rs` tests those).
+const CONFIG: &str = "[server]\nsingle_node_max_bytes = 10000000\nstreamed_exchanges = false\n";
 
 /// A join and GROUP BY over `tpch.tiny`: whole on one executor.
 const ONE_EXECUTOR: &str = "SELECT n_name, count(*) AS suppliers FROM tpch.tiny.supplier \

@@ -169,10 +169,16 @@ const ROUTES: &[Route] = &[
         server: "",
         processes: false,
     },
+    // Every query with an exchange runs in stages streaming to each other.
+    Route {
+        name: "standalone, exchanges",
+        server: "single_node_max_bytes = 0\nstreamed_exchanges = true\n",
+        processes: false,
+    },
     // Every query with an exchange is a Ballista job.
     Route {
         name: "standalone, jobs",
-        server: "single_node_max_bytes = 0\n",
+        server: "single_node_max_bytes = 0\nstreamed_exchanges = false\n",
         processes: false,
     },
     // Every query is a Ballista job, scans included.

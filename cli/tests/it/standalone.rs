@@ -175,8 +175,12 @@ fn small_queries_run_whole_on_one_executor() {
     assert!(plan.contains("logical_plan"), "{plan}");
     assert!(!plan.contains("ResolvedStage"), "{plan}");
 
-    // Above the limit the same query is a Ballista job over both executors, same answer.
-    let (dir, config) = config_file("onenode", "[server]\nsingle_node_max_bytes = 1\n");
+    // Above the limit the same query is a Ballista job over both executors, same answer
+    // (with streamed exchanges off; `exchange.rs` tests those).
+    let (dir, config) = config_file(
+        "onenode",
+        "[server]\nsingle_node_max_bytes = 1\nstreamed_exchanges = false\n",
+    );
     let config = config.as_str();
     let out = basin(
         &[
@@ -353,8 +357,12 @@ fn secrets_stay_out_of_errors_and_plans() {
 
 #[test]
 fn explain_shows_the_distributed_plan() {
-    // A query that runs as a Ballista job (small ones run on one executor: turned off here).
-    let (dir, config) = config_file("explainjob", "[server]\nsingle_node_max_bytes = 0\n");
+    // A query that runs as a Ballista job (small ones run on one executor and big ones in
+    // streamed stages: both turned off here).
+    let (dir, config) = config_file(
+        "explainjob",
+        "[server]\nsingle_node_max_bytes = 0\nstreamed_exchanges = false\n",
+    );
     let out = basin(
         &[
             "standalone",
