@@ -195,6 +195,19 @@ fn encode_window_function(
     Ok(())
 }
 
+/// The window function [`encode_window_function`] wrote; any other one as `otherwise`
+/// reads it.
+fn decode_window_function(
+    name: &str,
+    buf: &[u8],
+    otherwise: impl FnOnce(&str, &[u8]) -> Result<Arc<WindowUDF>>,
+) -> Result<Arc<WindowUDF>> {
+    match basin_payload(buf) {
+        Some((k, payload)) if k == Kind::WindowFunction as u8 => crate::windows::decode(payload),
+        _ => otherwise(name, buf),
+    }
+}
+
 fn decode_json<'a, T: Deserialize<'a>>(payload: &'a [u8]) -> Result<T> {
     serde_json::from_slice(payload).map_err(|e| {
         DataFusionError::Internal(format!(
@@ -395,12 +408,7 @@ impl LogicalExtensionCodec for BasinLogicalCodec {
     }
 
     fn try_decode_udwf(&self, name: &str, buf: &[u8]) -> Result<Arc<WindowUDF>> {
-        match basin_payload(buf) {
-            Some((k, payload)) if k == Kind::WindowFunction as u8 => {
-                crate::windows::decode(payload)
-            }
-            _ => self.inner.try_decode_udwf(name, buf),
-        }
+        decode_window_function(name, buf, |name, buf| self.inner.try_decode_udwf(name, buf))
     }
 }
 
@@ -505,12 +513,7 @@ impl PhysicalExtensionCodec for BasinPhysicalCodec {
     }
 
     fn try_decode_udwf(&self, name: &str, buf: &[u8]) -> Result<Arc<WindowUDF>> {
-        match basin_payload(buf) {
-            Some((k, payload)) if k == Kind::WindowFunction as u8 => {
-                crate::windows::decode(payload)
-            }
-            _ => self.inner.try_decode_udwf(name, buf),
-        }
+        decode_window_function(name, buf, |name, buf| self.inner.try_decode_udwf(name, buf))
     }
 }
 
@@ -822,6 +825,21 @@ pub fn decode_stage_ticket(
     ticket: &[u8],
 ) -> Option<Result<ballista_core::serde::protobuf::TaskDefinition>> {
     decode_ticket(STAGE_TICKET, "streamed-stage", ticket)
+}
+
+/// `plan` after a trip through Basin's physical codec, as an executor decodes it.
+#[cfg(test)]
+pub(crate) fn through_codec(
+    plan: Arc<dyn ExecutionPlan>,
+    ctx: &datafusion::prelude::SessionContext,
+) -> Arc<dyn ExecutionPlan> {
+    use datafusion_proto::physical_plan::AsExecutionPlan;
+    use datafusion_proto::protobuf::PhysicalPlanNode;
+    let codec = BasinPhysicalCodec::default();
+    PhysicalPlanNode::try_from_physical_plan(plan, &codec)
+        .unwrap()
+        .try_into_physical_plan(&ctx.task_ctx(), &codec)
+        .unwrap()
 }
 
 #[cfg(test)]

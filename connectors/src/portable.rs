@@ -56,11 +56,10 @@ mod tests {
     use datafusion::arrow::util::pretty::pretty_format_batches;
     use datafusion::physical_plan::collect;
     use datafusion::prelude::SessionContext;
-    use datafusion_proto::physical_plan::AsExecutionPlan;
-    use datafusion_proto::protobuf::PhysicalPlanNode;
+    use std::sync::Arc;
 
     use super::*;
-    use crate::codec::BasinPhysicalCodec;
+    use crate::codec::through_codec;
 
     #[tokio::test]
     async fn half_precision_literals_keep_their_type_through_the_codec() {
@@ -80,11 +79,7 @@ mod tests {
             .create_physical_plan(&plan, &state)
             .await
             .unwrap();
-        let codec = BasinPhysicalCodec::default();
-        let decoded = PhysicalPlanNode::try_from_physical_plan(physical.clone(), &codec)
-            .unwrap()
-            .try_into_physical_plan(&ctx.task_ctx(), &codec)
-            .unwrap();
+        let decoded = through_codec(Arc::clone(&physical), &ctx);
         assert_eq!(decoded.schema(), physical.schema());
         let travelled = collect(decoded, ctx.task_ctx()).await.unwrap();
         assert_eq!(

@@ -120,10 +120,9 @@ mod tests {
     use datafusion::arrow::util::pretty::pretty_format_batches;
     use datafusion::physical_plan::{collect, displayable};
     use datafusion::prelude::{SessionConfig, SessionContext};
-    use datafusion_proto::physical_plan::AsExecutionPlan;
-    use datafusion_proto::protobuf::PhysicalPlanNode;
+    use std::sync::Arc;
 
-    use crate::codec::BasinPhysicalCodec;
+    use crate::codec::through_codec;
 
     #[tokio::test]
     async fn recursive_queries_answer_the_same_after_the_codec() {
@@ -149,11 +148,7 @@ mod tests {
                 .create_physical_plan()
                 .await
                 .unwrap();
-            let codec = BasinPhysicalCodec::default();
-            let decoded = PhysicalPlanNode::try_from_physical_plan(physical.clone(), &codec)
-                .unwrap()
-                .try_into_physical_plan(&ctx.task_ctx(), &codec)
-                .unwrap();
+            let decoded = through_codec(Arc::clone(&physical), &ctx);
             assert_eq!(
                 displayable(decoded.as_ref()).indent(true).to_string(),
                 displayable(physical.as_ref()).indent(true).to_string(),

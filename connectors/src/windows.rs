@@ -208,14 +208,11 @@ pub fn decode(payload: &[u8]) -> Result<Arc<WindowUDF>> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::codec::through_codec;
     use datafusion::arrow::util::pretty::pretty_format_batches;
     use datafusion::physical_plan::collect;
     use datafusion::prelude::SessionContext;
-    use datafusion_proto::physical_plan::AsExecutionPlan;
-    use datafusion_proto::protobuf::PhysicalPlanNode;
-
-    use super::*;
-    use crate::codec::BasinPhysicalCodec;
 
     const T: &str = "(SELECT * FROM (VALUES (1, NULL, 'a'), (2, 'b', 'b'), (3, NULL, 'a'), \
                      (4, 'x', 'b'), (5, NULL, 'a'), (6, 'y', NULL)) AS t(id, a, g))";
@@ -237,12 +234,9 @@ mod tests {
             .create_physical_plan(&plan, &state)
             .await
             .unwrap();
-        let codec = BasinPhysicalCodec::default();
-        let decoded = PhysicalPlanNode::try_from_physical_plan(physical, &codec)
-            .unwrap()
-            .try_into_physical_plan(&ctx.task_ctx(), &codec)
+        let travelled = collect(through_codec(physical, &ctx), ctx.task_ctx())
+            .await
             .unwrap();
-        let travelled = collect(decoded, ctx.task_ctx()).await.unwrap();
         let text = |b| pretty_format_batches(b).unwrap().to_string();
         (text(&direct), text(&travelled))
     }
