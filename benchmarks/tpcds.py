@@ -58,10 +58,12 @@ TABLES = [
     "store_returns", "store_sales", "time_dim", "warehouse", "web_page", "web_returns",
     "web_sales", "web_site",
 ]
-BASIN_ENGINES = ("basin", "basin-standalone", "basin-exchanges")
+BASIN_ENGINES = ("basin", "basin-standalone", "basin-exchanges", "basin-staged")
 # Settings each Basin engine adds to --basin-config: basin-exchanges runs queries over
-# `single_node_max_bytes` as streamed stages with exchanges instead of Ballista jobs.
-BASIN_SETTINGS = {"basin-exchanges": "streamed_exchanges = true"}
+# `single_node_max_bytes` as streamed stages with exchanges (the default since 2026-12-07),
+# basin-staged as Ballista jobs (the default before).
+BASIN_SETTINGS = {"basin-exchanges": "streamed_exchanges = true",
+                  "basin-staged": "streamed_exchanges = false"}
 
 
 def _basin(reason: str) -> dict[str, str]:

@@ -216,10 +216,13 @@ def main():
     # what streaming one-stage queries changes; basin-exchanges: the cluster with queries over
     # `single_node_max_bytes` run as streamed stages with exchanges instead of Ballista jobs;
     # basin-distributed: every query with a join, GROUP BY or window on those exchanges, none
-    # whole on one executor (the single-node route off).
+    # whole on one executor (the single-node route off); basin-staged: queries over
+    # `single_node_max_bytes` as Ballista jobs (streamed exchanges off, the default before
+    # 2026-12-07; basin and basin-exchanges are the same since).
     meta["pin_executors"] = args.pin_executors
     for label, standalone in (("basin", False), ("basin-standalone", True), ("basin-jobs", False),
-                              ("basin-exchanges", False), ("basin-distributed", False)):
+                              ("basin-exchanges", False), ("basin-distributed", False),
+                              ("basin-staged", False)):
         if label not in engines:
             continue
         workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"{label}-"))
@@ -227,6 +230,7 @@ def main():
         extra = {"basin-jobs": "streamed_stages = false",
                  "basin-exchanges": "streamed_exchanges = true",
                  "basin-distributed": "streamed_exchanges = true\nsingle_node_max_bytes = 0",
+                 "basin-staged": "streamed_exchanges = false",
                  }.get(label)
         if extra:
             given = pathlib.Path(config).read_text() if config else ""

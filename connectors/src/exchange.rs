@@ -25,6 +25,8 @@ use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use ballista_core::extension::SessionConfigHelperExt;
 use ballista_core::serde::protobuf::TaskDefinition;
+use datafusion::arrow::datatypes::SchemaRef;
+use datafusion::arrow::record_batch::{RecordBatch, RecordBatchOptions};
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
@@ -480,9 +482,39 @@ impl ExecutionPlan for ExchangeReadExec {
                 what,
             )
         });
-        let batches = futures::stream::select_all(streams);
+        let target = schema.clone();
+        let batches = futures::stream::select_all(streams)
+            .and_then(move |batch| futures::future::ready(conform(batch, &target)));
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))
     }
+}
+
+/// `batch`, read from an executor's Flight stream, with the types of the plan's `schema`:
+/// executors send dictionary-encoded columns as plain values (Arrow Flight's default, which
+/// also casts nested types to their declared fields), and operators above the read expect
+/// the dictionary the plan has (grouping encodes rows by the declared type).
+pub fn conform(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
+    if batch.schema_ref().fields() == schema.fields() {
+        return Ok(batch);
+    }
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(column, field)| {
+            if column.data_type() == field.data_type() {
+                Ok(column.clone())
+            } else {
+                datafusion::arrow::compute::cast(column, field.data_type())
+            }
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let options = RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+    Ok(RecordBatch::try_new_with_options(
+        schema.clone(),
+        columns,
+        &options,
+    )?)
 }
 
 /// The batches of one producer task's partition; every error names the executor (`what`).

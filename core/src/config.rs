@@ -102,7 +102,7 @@ impl Default for ServerConfig {
             target_partitions: 0,
             streamed_stages: true,
             single_node_max_bytes: 1 << 30,
-            streamed_exchanges: false,
+            streamed_exchanges: true,
             query_timeout_seconds: 0,
             front_end_memory_limit: None,
             metadata_cache_size: ByteSize(64 << 20),

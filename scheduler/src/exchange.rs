@@ -44,10 +44,14 @@ use datafusion::common::JoinType;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::error::Result;
 use datafusion::physical_expr::Distribution;
+use datafusion::physical_expr::LexOrdering;
 use datafusion::physical_plan::coalesce_partitions::CoalescePartitionsExec;
+use datafusion::physical_plan::filter::FilterExec;
 use datafusion::physical_plan::joins::{
     CrossJoinExec, HashJoinExec, NestedLoopJoinExec, PartitionMode,
 };
+use datafusion::physical_plan::limit::{GlobalLimitExec, LocalLimitExec};
+use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::sorts::sort_preserving_merge::SortPreservingMergeExec;
 use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
@@ -75,7 +79,40 @@ pub(crate) fn plan_exchanges(
         codec: physical_codec(),
     };
     // (A plan with no exchange is one streamed stage.)
-    cut.top(plan)
+    cut.top(plan, &Above::Nothing)
+}
+
+/// What the light operators above a stage need when its partitions are merged in tasks (a
+/// gather): the order in which a sort-preserving merge above reads each partition.
+enum Above {
+    /// No order: a merge may interleave partitions.
+    Nothing,
+    /// A sort-preserving merge in `order`, with only filters and limits in between.
+    Sorted(LexOrdering),
+    /// A sort-preserving merge, in columns the operators in between renamed.
+    SortedElsewhere,
+}
+
+impl Above {
+    /// What `plan`'s input must give, when `plan` (light, above a stage) needs `self`.
+    fn below(&self, plan: &Arc<dyn ExecutionPlan>) -> Above {
+        let any = plan.as_any();
+        if let Some(merge) = any.downcast_ref::<SortPreservingMergeExec>() {
+            return Above::Sorted(merge.expr().clone());
+        }
+        let keeps_rows_in_order =
+            any.is::<FilterExec>() || any.is::<GlobalLimitExec>() || any.is::<LocalLimitExec>();
+        match self {
+            Above::Sorted(order) if keeps_rows_in_order => Above::Sorted(order.clone()),
+            Above::Sorted(_) | Above::SortedElsewhere
+                if keeps_rows_in_order || any.is::<ProjectionExec>() =>
+            {
+                Above::SortedElsewhere
+            }
+            // Merges everything itself (a top-N sort, an ungrouped aggregate, a merge).
+            _ => Above::Nothing,
+        }
+    }
 }
 
 type Cutting<T> = std::result::Result<T, String>;
@@ -95,11 +132,15 @@ impl Cut {
     /// The top of a plan: light operators here (merges, an ungrouped aggregate's final
     /// step, top-N, …), over one stage whose partitions each run on an executor and never
     /// move (their exchanges' partitions are read once).
-    fn top(&mut self, plan: Arc<dyn ExecutionPlan>) -> Cutting<Arc<dyn ExecutionPlan>> {
+    fn top(
+        &mut self,
+        plan: Arc<dyn ExecutionPlan>,
+        above: &Above,
+    ) -> Cutting<Arc<dyn ExecutionPlan>> {
         if streamed::light_above_stage(&plan)
             && let [child] = plan.children()[..]
         {
-            let child = self.top(child.clone())?;
+            let child = self.top(child.clone(), &above.below(&plan))?;
             return plan.with_new_children(vec![child]).map_err(failed);
         }
         let stage = self.cut(plan)?;
@@ -113,7 +154,23 @@ impl Cut {
             // The stage's tasks are the broadcast's readers: it runs as a gather whose
             // producer tasks each build the hash table once for their partitions.
             let tasks = self.tasks(&stage);
-            let merge = merge_for(&stage);
+            // Each task merges its partitions as the merge above reads them: in its order
+            // (the stage's own ordering may say less: a sort key constant in each partition
+            // but not across them is no ordering, yet a merge above still needs it).
+            let merge = match above {
+                Above::Sorted(order) if stage.output_partitioning().partition_count() > 1 => Some(
+                    Arc::new(SortPreservingMergeExec::new(order.clone(), stage.clone()))
+                        as Arc<dyn ExecutionPlan>,
+                ),
+                Above::SortedElsewhere if stage.output_ordering().is_none() => {
+                    return Err(
+                        "a sort-preserving merge above a renaming of a broadcast join's \
+                         partitions: each task's merge would not keep their order"
+                            .into(),
+                    );
+                }
+                _ => merge_for(&stage),
+            };
             let read = self.exchange(stage, tasks, ExchangeMode::ByTask, |subset| {
                 Ok(match &merge {
                     Some(merge) => merge.clone().with_new_children(vec![subset])?,

@@ -577,6 +577,10 @@ impl ExecutionPlan for StreamedStageExec {
             },
             other => DataFusionError::Execution(format!("bad stream from an executor: {other}")),
         });
+        let schema = self.schema();
+        let batches = batches.and_then(move |batch| {
+            futures::future::ready(basin_connectors::exchange::conform(batch, &schema))
+        });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.schema(),
             batches,

@@ -5,16 +5,18 @@
 //!   (streamed stages, small queries whole on one executor, else Ballista jobs);
 //! - `cluster`: a real multi-process cluster (`basin scheduler` + 2 `basin executor`
 //!   processes), sessions in this process, so every query is a Ballista job;
-//! - `jobs`: an in-process cluster with `streamed_stages = false`: every query a Ballista job.
+//! - `jobs`: an in-process cluster with `streamed_stages = false`: every query a Ballista job;
+//! - `exchanges`: an in-process cluster with `single_node_max_bytes = 0`: every query with a
+//!   join, GROUP BY or window runs in stages over both executors, streaming to each other.
 //!
 //! ```text
-//! cargo test -p basin-sql-tests --test sqllogictests [-- [--complete] [--mode inprocess,cluster,jobs]
+//! cargo test -p basin-sql-tests --test sqllogictests [-- [--complete] [--mode inprocess,cluster,jobs,exchanges]
 //!     [--datafusion] [--record-differences] [--all] [--parallel N] [FILTER]]
 //! ```
 //!
 //! Without `--datafusion`, Basin's own suites run (on `inprocess` and `cluster` unless
-//! `--mode` says otherwise); with it, DataFusion's files (on `inprocess` unless `--mode`
-//! says otherwise). Suites are folders under `sql-tests/suites/`. `--complete` rewrites expected results from
+//! `--mode` says otherwise); with it, DataFusion's files (on `inprocess` and `exchanges`
+//! unless `--mode` says otherwise). Suites are folders under `sql-tests/suites/`. `--complete` rewrites expected results from
 //! Basin's output (never use it on suites whose answers come from another engine: those
 //! folders hold a `REFERENCE` marker and are skipped by `--complete`).
 //!
@@ -53,11 +55,11 @@ struct Args {
 
 /// Routes Basin's own suites run on by default.
 const BASIN_ROUTES: [&str; 2] = ["inprocess", "cluster"];
-/// Routes DataFusion's files run on by default (in CI); `--mode` chooses others. One route:
-/// writing the list, the 15,826 records took 41 min on `inprocess` (debug build, 3 files at
-/// a time, a machine shared with other builds), 578 of them timing out at 10 s each; a
-/// check skips the listed timeouts. Ballista jobs (`cluster`, `jobs`) cost more per query.
-const DATAFUSION_ROUTES: [&str; 1] = ["inprocess"];
+/// Routes DataFusion's files run on by default (in CI); `--mode` chooses others. Writing the
+/// list with `--runs 2` took 3 min 40 s on `inprocess` and 4 min 15 s on `exchanges` (debug
+/// build, 2 files at a time); a check skips the listed timeouts. Ballista jobs (`cluster`,
+/// `jobs`) cost more per query.
+const DATAFUSION_ROUTES: [&str; 2] = ["inprocess", "exchanges"];
 
 fn parse_args() -> Args {
     let mut args = Args {
@@ -297,10 +299,15 @@ enum Cluster {
 
 async fn start_route(mode: &str, config: &Arc<BasinConfig>) -> Result<(Cluster, Connect), String> {
     match mode {
-        "inprocess" | "jobs" => {
+        "inprocess" | "jobs" | "exchanges" => {
             let mut config = config.as_ref().clone();
             // `jobs`: no streamed stage, no query whole on one executor.
-            config.server.streamed_stages = mode == "inprocess";
+            config.server.streamed_stages = mode != "jobs";
+            // `exchanges`: no query whole on one executor, every exchange streamed.
+            if mode == "exchanges" {
+                config.server.single_node_max_bytes = 0;
+                config.server.streamed_exchanges = true;
+            }
             let cluster = StandaloneCluster::start(Arc::new(config), StandaloneOptions::default())
                 .await
                 .map(Arc::new)
@@ -323,7 +330,7 @@ async fn start_route(mode: &str, config: &Arc<BasinConfig>) -> Result<(Cluster, 
             Ok((Cluster::Processes(cluster), connect))
         }
         other => Err(format!(
-            "unknown mode {other}: use inprocess, cluster or jobs"
+            "unknown mode {other}: use inprocess, cluster, jobs or exchanges"
         )),
     }
 }

@@ -92,6 +92,19 @@ const GATHER: &str = "SELECT o_orderpriority, count(*) AS n, sum(l_quantity) AS 
      JOIN tpch.tiny.orders ON l_orderkey = o_orderkey \
      GROUP BY o_orderpriority ORDER BY o_orderpriority";
 
+/// A right semi join whose probe side's partitions are one row each: every partition is
+/// sorted and DataFusion merges them in order without a sort, so the gather under the
+/// broadcast join must keep each partition's order too.
+const ORDERED_PARTITIONS: &str = "SELECT * FROM ( \
+     WITH t1 AS (SELECT 11 a, 12 b UNION ALL SELECT 11 a, 13 b UNION ALL SELECT 12 a, 14 b), \
+     t2 AS (SELECT 11 a, 12 b UNION ALL SELECT 11 a, 14 b UNION ALL SELECT 12 a, 15 b) \
+     SELECT t2.* FROM t1 RIGHT SEMI JOIN t2 ON t1.a = t2.a AND t1.b != t2.b) ORDER BY 1, 2";
+
+/// Dictionary-encoded keys through a hash exchange (grouping encodes them as rows).
+const DICTIONARY: &str = "SELECT k, count(*) AS n, min(l_quantity) AS q FROM ( \
+     SELECT arrow_cast(l_shipmode, 'Dictionary(Int32, Utf8)') AS k, l_quantity \
+     FROM tpch.tiny.lineitem) GROUP BY k ORDER BY k";
+
 /// What `basin standalone` (the whole query in one process) answers.
 fn in_process(sql: &str) -> String {
     let out = basin(&["standalone", "--format", "csv", "-e", sql], &[]);
@@ -152,6 +165,13 @@ fn collected_build_sides_are_broadcast_and_merges_gathered() {
         let plan = stdout(&out);
         assert!(plan.contains(kind), "{kind}: {plan}");
     }
+}
+
+#[test]
+fn dictionaries_and_the_order_of_gathered_partitions_survive_exchanges() {
+    let cluster = Cluster::start_with(2, CONFIG);
+    cluster.expect(ORDERED_PARTITIONS, "a,b\n11,12\n11,14\n12,15\n");
+    streams_as_in_process(&cluster, &[DICTIONARY]);
 }
 
 #[test]
