@@ -19,7 +19,7 @@ use basin_connectors::catalogs::{register_catalogs, register_functions, runtime_
 use basin_connectors::codec::portable_names;
 use basin_connectors::iceberg::{
     IcebergAlterTable, IcebergCommitExec, IcebergCreateTable, IcebergDdl, IcebergDdlExec,
-    IcebergTableProvider, IcebergWriteNode, WriteSpec,
+    IcebergProcedure, IcebergProcedureExec, IcebergTableProvider, IcebergWriteNode, WriteSpec,
 };
 use basin_connectors::portable::portable_plan;
 use basin_connectors::remote::RemotePushdown;
@@ -246,6 +246,9 @@ impl BasinQueryPlanner {
                         IcebergDdl::AlterTable(node.clone()),
                         state.clone(),
                     ))));
+                }
+                if let Some(node) = ext.node.as_any().downcast_ref::<IcebergProcedure>() {
+                    return Ok(Some(Arc::new(IcebergProcedureExec::new(node.clone()))));
                 }
                 Ok(None)
             }

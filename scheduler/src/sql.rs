@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use basin_connectors::iceberg::{
     AlterOp, IcebergAlterTable, IcebergCatalog, IcebergCatalogProvider, IcebergCreateTable,
-    TableOptions, TableVersion, VERSION_MARKER, create_table_text, namespace_ident,
+    IcebergProcedure, Procedure, TableOptions, TableVersion, VERSION_MARKER, create_table_text,
+    namespace_ident,
 };
 use datafusion::catalog::CatalogProvider;
 use datafusion::common::ResolvedTableReference;
@@ -21,7 +22,8 @@ use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::{DFParser, Statement};
 use datafusion::sql::planner::object_name_to_table_reference;
 use datafusion::sql::sqlparser::ast::{
-    AlterTableOperation, CreateTableOptions, Ident, ObjectName, Statement as SqlStatement,
+    AlterTableOperation, CreateTableOptions, Expr as SqlExpr, FunctionArg, FunctionArgExpr,
+    FunctionArguments, Ident, ObjectName, ObjectNamePart, Statement as SqlStatement, Value,
 };
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::keywords::{Keyword, RESERVED_FOR_TABLE_ALIAS};
@@ -29,7 +31,8 @@ use datafusion::sql::sqlparser::tokenizer::{Token, TokenWithSpan, Tokenizer};
 
 /// Parses SQL text into statements, with Basin's extensions.
 pub fn parse(sql: &str) -> Result<Vec<Statement>> {
-    let sql = rewrite_time_travel(sql)?;
+    let sql = rewrite_alter_execute(sql)?;
+    let sql = rewrite_time_travel(&sql)?;
     Ok(DFParser::parse_sql(&sql)?.into_iter().collect())
 }
 
@@ -39,6 +42,9 @@ pub async fn plan(ctx: &SessionContext, statement: Statement) -> Result<LogicalP
         return Ok(plan);
     }
     if let Some(plan) = plan_iceberg_alter_table(ctx, &statement).await? {
+        return Ok(plan);
+    }
+    if let Some(plan) = plan_procedure(ctx, &statement).await? {
         return Ok(plan);
     }
     if let Some(plan) = plan_show(ctx, &statement).await? {
@@ -93,7 +99,9 @@ pub fn is_command(plan: &LogicalPlan) -> bool {
         | LogicalPlan::Copy(_)
         | LogicalPlan::Statement(_) => true,
         LogicalPlan::Extension(e) => {
-            e.node.as_any().is::<IcebergCreateTable>() || e.node.as_any().is::<IcebergAlterTable>()
+            e.node.as_any().is::<IcebergCreateTable>()
+                || e.node.as_any().is::<IcebergAlterTable>()
+                || e.node.as_any().is::<IcebergProcedure>()
         }
         _ => false,
     }
@@ -340,6 +348,198 @@ async fn plan_iceberg_alter_table(
     })))
 }
 
+/// Trino's `ALTER TABLE t EXECUTE procedure[(argument => value, ...)]` as Spark's `CALL
+/// system.procedure(table => 't', argument => value, ...)`, which the parser knows (the table
+/// name kept as written, quotes and all). Other text is returned as it is.
+pub fn rewrite_alter_execute(sql: &str) -> Result<String> {
+    let upper = sql.to_ascii_uppercase();
+    if !(upper.trim_start().starts_with("ALTER") && upper.contains("EXECUTE")) {
+        return Ok(sql.to_string());
+    }
+    let Ok(tokens) = Tokenizer::new(&GenericDialect {}, sql).tokenize_with_location() else {
+        return Ok(sql.to_string()); // the parser says what is wrong
+    };
+    let offsets = LineOffsets::new(sql);
+    let significant: Vec<&TokenWithSpan> = tokens
+        .iter()
+        .filter(|t| !matches!(t.token, Token::Whitespace(_)))
+        .collect();
+    let is_kw = |j: usize, kw: Keyword| {
+        matches!(significant.get(j), Some(TokenWithSpan { token: Token::Word(w), .. })
+            if w.keyword == kw && w.quote_style.is_none())
+    };
+    if !(is_kw(0, Keyword::ALTER) && is_kw(1, Keyword::TABLE)) {
+        return Ok(sql.to_string());
+    }
+    // The name: words separated by periods, then EXECUTE.
+    let is_word = |j: usize| matches!(significant.get(j).map(|t| &t.token), Some(Token::Word(_)));
+    let is_period = |j: usize| matches!(significant.get(j).map(|t| &t.token), Some(Token::Period));
+    let mut k = 2;
+    while is_word(k) && is_period(k + 1) {
+        k += 2;
+    }
+    if !is_word(k) || !is_kw(k + 1, Keyword::EXECUTE) {
+        return Ok(sql.to_string());
+    }
+    k += 1;
+    let Some(TokenWithSpan {
+        token: Token::Word(procedure),
+        span: procedure_span,
+    }) = significant.get(k + 1)
+    else {
+        return Err(DataFusionError::Plan(
+            "ALTER TABLE ... EXECUTE needs a procedure name, e.g. expire_snapshots".into(),
+        ));
+    };
+    let at = |t: &TokenWithSpan, end: bool| {
+        let p = if end { t.span.end } else { t.span.start };
+        offsets.byte(p.line, p.column)
+    };
+    let name = &sql[at(significant[2], false)..at(significant[k - 1], true)];
+    let after = offsets.byte(procedure_span.end.line, procedure_span.end.column);
+    let rest = sql[after..].trim();
+    let rest = rest.strip_suffix(';').unwrap_or(rest).trim();
+    let args = match rest {
+        "" | "()" => String::new(),
+        r if r.starts_with('(') && r.ends_with(')') => {
+            let inner = r[1..r.len() - 1].trim();
+            if inner.is_empty() {
+                String::new()
+            } else {
+                format!(", {inner}")
+            }
+        }
+        r => {
+            return Err(DataFusionError::Plan(format!(
+                "ALTER TABLE ... EXECUTE {}: unexpected `{r}` (arguments go in parentheses: \
+                 name => value, ...)",
+                procedure.value
+            )));
+        }
+    };
+    Ok(format!(
+        "CALL system.{}(table => '{}'{args})",
+        procedure.value,
+        name.replace('\'', "''")
+    ))
+}
+
+/// `CALL [catalog.]system.procedure(table => 'name', argument => value, ...)`: a maintenance
+/// procedure on an Iceberg table ([`Procedure`]).
+async fn plan_procedure(
+    ctx: &SessionContext,
+    statement: &Statement,
+) -> Result<Option<LogicalPlan>> {
+    let Statement::Statement(inner) = statement else {
+        return Ok(None);
+    };
+    let SqlStatement::Call(function) = inner.as_ref() else {
+        return Ok(None);
+    };
+    let parts: Vec<&Ident> = function
+        .name
+        .0
+        .iter()
+        .filter_map(ObjectNamePart::as_ident)
+        .collect();
+    let (catalog, procedure) = match parts[..] {
+        [system, procedure] if system.value.eq_ignore_ascii_case("system") => (None, procedure),
+        [catalog, system, procedure] if system.value.eq_ignore_ascii_case("system") => {
+            (Some(catalog), procedure)
+        }
+        _ => {
+            return Err(DataFusionError::Plan(format!(
+                "CALL {}: Basin's procedures are CALL [catalog.]system.<procedure>(table => \
+                 'name', ...): expire_snapshots, remove_orphan_files",
+                function.name
+            )));
+        }
+    };
+    let FunctionArguments::List(list) = &function.args else {
+        return Err(DataFusionError::Plan(format!(
+            "CALL {}: give the arguments as name => value",
+            function.name
+        )));
+    };
+    let mut table = None;
+    let mut args = Vec::new();
+    for arg in &list.args {
+        let (name, value) = match arg {
+            FunctionArg::Named {
+                name,
+                arg: FunctionArgExpr::Expr(value),
+                ..
+            } => (name.value.clone(), value),
+            FunctionArg::ExprNamed {
+                name: SqlExpr::Identifier(name),
+                arg: FunctionArgExpr::Expr(value),
+                ..
+            } => (name.value.clone(), value),
+            other => {
+                return Err(DataFusionError::Plan(format!(
+                    "CALL {}: `{other}` is not an argument of the form name => value",
+                    function.name
+                )));
+            }
+        };
+        let text = match value {
+            SqlExpr::Value(v) => match &v.value {
+                Value::SingleQuotedString(s) => s.clone(),
+                Value::Number(n, _) => n.clone(),
+                Value::Boolean(b) => b.to_string(),
+                other => other.to_string(),
+            },
+            SqlExpr::TypedString(ts) => match &ts.value.value {
+                Value::SingleQuotedString(s) => s.clone(),
+                other => other.to_string(),
+            },
+            other => {
+                return Err(DataFusionError::Plan(format!(
+                    "CALL {}: argument `{name}` takes a literal, not `{other}`",
+                    function.name
+                )));
+            }
+        };
+        if name.eq_ignore_ascii_case("table") {
+            table = Some(text);
+        } else {
+            args.push((name, text));
+        }
+    }
+    let Some(table) = table else {
+        return Err(DataFusionError::Plan(format!(
+            "CALL {}: name the table: table => 'schema.table'",
+            function.name
+        )));
+    };
+    let mut name = datafusion::sql::sqlparser::parser::Parser::new(&GenericDialect {})
+        .try_with_sql(&table)
+        .and_then(|mut p| p.parse_object_name(false))
+        .map_err(|e| DataFusionError::Plan(format!("`{table}` is not a table name: {e}")))?;
+    if let Some(catalog) = catalog
+        && name.0.len() < 3
+    {
+        name.0
+            .insert(0, ObjectNamePart::Identifier(catalog.clone()));
+    }
+    let Some((resolved, _, iceberg)) = iceberg_table(ctx, &name)? else {
+        return Err(DataFusionError::Plan(format!(
+            "{}: `{name}` is not in an Iceberg catalog",
+            procedure.value
+        )));
+    };
+    let now = chrono::Utc::now().timestamp_millis();
+    let procedure = Procedure::parse(&procedure.value, &args, now)?;
+    let ident = basin_connectors::iceberg::table_ident(
+        namespace_ident(&resolved.schema)?,
+        resolved.table.to_string(),
+    );
+    let node = IcebergProcedure::new(iceberg, ident, procedure)?;
+    Ok(Some(LogicalPlan::Extension(Extension {
+        node: Arc::new(node),
+    })))
+}
+
 /// Moves Trino's `FOR VERSION AS OF` / `FOR TIMESTAMP AS OF` clauses into the table name
 /// they follow (`t FOR VERSION AS OF 42` becomes `"t__basin_version_s42" AS "t"`).
 pub fn rewrite_time_travel(sql: &str) -> Result<String> {
@@ -504,6 +704,24 @@ impl<'a> LineOffsets<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rewrites_alter_table_execute_as_call() {
+        assert_eq!(
+            rewrite_alter_execute(
+                "ALTER TABLE lake.\"Odd's\".t EXECUTE expire_snapshots(retention_threshold => '7d');"
+            )
+            .unwrap(),
+            "CALL system.expire_snapshots(table => 'lake.\"Odd''s\".t', retention_threshold => '7d')"
+        );
+        assert_eq!(
+            rewrite_alter_execute("alter table t execute remove_orphan_files").unwrap(),
+            "CALL system.remove_orphan_files(table => 't')"
+        );
+        let other = "ALTER TABLE t ADD COLUMN execute INT";
+        assert_eq!(rewrite_alter_execute(other).unwrap(), other);
+        assert!(rewrite_alter_execute("ALTER TABLE t EXECUTE optimize WHERE x").is_err());
+    }
 
     #[test]
     fn rewrites_version_clauses() {

@@ -602,3 +602,116 @@ fn a_joins_keys_reach_the_scan_of_its_probe_side() {
     assert!(out.status.success(), "{}", stderr(&out));
     cluster.expect(JOIN, &want);
 }
+
+/// Files under `dir` whose names satisfy `pick`.
+fn count_files(dir: &Path, pick: &dyn Fn(&str) -> bool) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| {
+            let path = e.path();
+            if path.is_dir() {
+                count_files(&path, pick)
+            } else {
+                usize::from(pick(&e.file_name().to_string_lossy()))
+            }
+        })
+        .sum()
+}
+
+#[test]
+fn expire_snapshots_and_remove_orphan_files() {
+    let data = scratch_dir("lake-maintenance");
+    ok(
+        &data,
+        "CREATE SCHEMA lake.s; CREATE TABLE lake.s.t AS SELECT * FROM tpch.tiny.nation; \
+         INSERT INTO lake.s.t SELECT * FROM tpch.tiny.nation; \
+         INSERT INTO lake.s.t SELECT * FROM tpch.tiny.nation",
+    );
+    let first = ok(
+        &data,
+        "SELECT snapshot_id FROM lake.s.\"t$snapshots\" ORDER BY committed_at LIMIT 1",
+    );
+    let first = first.lines().nth(1).unwrap_or_default().to_string();
+    // Debris: the data files of a statement killed before its commit.
+    let out = lake(
+        &data,
+        "INSERT INTO lake.s.t SELECT * FROM tpch.tiny.nation",
+        &[("BASIN_TEST_KILL_BEFORE_COMMIT", "1")],
+    );
+    assert!(
+        !out.status.success(),
+        "the statement should have been killed"
+    );
+    let parquet = |n: &str| n.ends_with(".parquet");
+    let data_files = count_files(&data, &parquet);
+    assert!(data_files >= 4, "{data_files} data files");
+
+    // A threshold under a day needs saying so; unknown procedures and arguments are named.
+    let e = err(
+        &data,
+        "ALTER TABLE lake.s.t EXECUTE remove_orphan_files(retention_threshold => '1h')",
+    );
+    assert!(e.contains("allow_short_retention"), "{e}");
+    let e = err(&data, "ALTER TABLE lake.s.t EXECUTE vacuum");
+    assert!(e.contains("unknown table procedure `vacuum`"), "{e}");
+    let e = err(
+        &data,
+        "ALTER TABLE lake.s.t EXECUTE expire_snapshots(keep => 1)",
+    );
+    assert!(e.contains("no argument `keep`"), "{e}");
+
+    // A dry run lists the debris and deletes nothing.
+    let now = "retention_threshold => '0s', allow_short_retention => true";
+    let listed = ok(
+        &data,
+        &format!("ALTER TABLE lake.s.t EXECUTE remove_orphan_files({now}, dry_run => true)"),
+    );
+    let orphans: Vec<&str> = listed.lines().skip(1).collect();
+    assert!(!orphans.is_empty(), "{listed}");
+    assert!(orphans.iter().all(|l| l.contains(".parquet,")), "{listed}");
+    assert_eq!(count_files(&data, &parquet), data_files);
+    // Spark's form deletes them; the table reads as before.
+    let removed = ok(
+        &data,
+        &format!("CALL lake.system.remove_orphan_files(table => 's.t', {now})"),
+    );
+    assert!(
+        removed.contains(&format!("deleted_files_count,{}", orphans.len())),
+        "{removed}"
+    );
+    assert_eq!(count_files(&data, &parquet), data_files - orphans.len());
+    assert_eq!(ok(&data, "SELECT count(*) AS n FROM lake.s.t"), "n\n75\n");
+
+    // Expiring all but the newest snapshot deletes their manifest lists, no data file (each
+    // append's files are still read), and time travel to them ends.
+    let lists = |n: &str| n.starts_with("snap-") && n.ends_with(".avro");
+    assert_eq!(count_files(&data, &lists), 3);
+    let expired = ok(
+        &data,
+        "ALTER TABLE lake.s.t EXECUTE expire_snapshots(retention_threshold => '0s', \
+         retain_last => 1)",
+    );
+    assert!(expired.contains("expired_snapshots_count,2"), "{expired}");
+    assert!(
+        expired.contains("deleted_manifest_lists_count,2"),
+        "{expired}"
+    );
+    assert!(expired.contains("deleted_data_files_count,0"), "{expired}");
+    assert_eq!(count_files(&data, &lists), 1);
+    assert_eq!(snapshots_and_rows(&data), "snapshots\n1\nn\n75\n");
+    let e = err(
+        &data,
+        &format!("SELECT count(*) FROM lake.s.t FOR VERSION AS OF {first}"),
+    );
+    assert!(e.contains(&first), "{e}");
+    // Nothing is left over.
+    let listed = ok(
+        &data,
+        &format!("ALTER TABLE lake.s.t EXECUTE remove_orphan_files({now}, dry_run => true)"),
+    );
+    assert_eq!(listed.lines().count(), 1, "{listed}");
+    let _ = std::fs::remove_dir_all(&data);
+}

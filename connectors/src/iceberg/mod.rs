@@ -10,6 +10,7 @@
 mod by_name;
 mod catalog;
 mod ddl;
+mod maintenance;
 mod metadata_tables;
 mod parquet_props;
 mod scan;
@@ -27,6 +28,7 @@ pub use ddl::{
     AlterOp, IcebergAlterTable, IcebergCreateTable, IcebergDdl, IcebergDdlExec, TableOptions,
     create_table_text, parse_partition_field,
 };
+pub use maintenance::{IcebergProcedure, IcebergProcedureExec, Procedure};
 pub use metadata_tables::MetadataTableKind;
 pub use scan::{IcebergScanExec, ScanPlanStats, ScanSpec};
 pub use storage::{BasinStorage, BasinStorageFactory};
