@@ -483,8 +483,14 @@ impl ExecutionPlan for ExchangeReadExec {
             )
         });
         let target = schema.clone();
-        let batches = futures::stream::select_all(streams)
-            .and_then(move |batch| futures::future::ready(conform(batch, &target)));
+        // The producer plan lives as long as its rows are read: the front end may drop the
+        // plan once its streams exist, and what the producers need from this process goes
+        // with it (a PostgreSQL scan's exported snapshot is held by its plan node).
+        let producer = self.producer.clone();
+        let batches = futures::stream::select_all(streams).and_then(move |batch| {
+            let _alive = &producer;
+            futures::future::ready(conform(batch, &target))
+        });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, batches)))
     }
 }

@@ -578,7 +578,10 @@ impl ExecutionPlan for StreamedStageExec {
             other => DataFusionError::Execution(format!("bad stream from an executor: {other}")),
         });
         let schema = self.schema();
+        // The stage's plan lives as long as its rows are read (see ExchangeReadExec).
+        let input = self.input.clone();
         let batches = batches.and_then(move |batch| {
+            let _alive = &input;
             futures::future::ready(basin_connectors::exchange::conform(batch, &schema))
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
