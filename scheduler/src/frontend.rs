@@ -19,7 +19,8 @@ use basin_connectors::catalogs::{register_catalogs, register_functions, runtime_
 use basin_connectors::codec::portable_names;
 use basin_connectors::iceberg::{
     IcebergAlterTable, IcebergCommitExec, IcebergCreateTable, IcebergDdl, IcebergDdlExec,
-    IcebergProcedure, IcebergProcedureExec, IcebergTableProvider, IcebergWriteNode, WriteSpec,
+    IcebergDeleteExec, IcebergProcedure, IcebergProcedureExec, IcebergTableProvider,
+    IcebergWriteNode, WriteSpec, delete_condition,
 };
 use basin_connectors::portable::portable_plan;
 use basin_connectors::remote::RemotePushdown;
@@ -262,12 +263,6 @@ impl BasinQueryPlanner {
                     return Ok(None);
                 };
                 let name = table.spec().qualified_name();
-                if *op != WriteOp::Insert(InsertOp::Append) {
-                    return Err(DataFusionError::NotImplemented(format!(
-                        "{op} on Iceberg table `{name}` is not supported yet; Basin supports \
-                         INSERT INTO and CREATE TABLE ... AS SELECT"
-                    )));
-                }
                 if table.spec().time_travel {
                     return Err(DataFusionError::Plan(format!(
                         "cannot write to an old version of `{name}`"
@@ -276,6 +271,25 @@ impl BasinQueryPlanner {
                 let catalog = table.catalog().cloned().ok_or_else(|| {
                     DataFusionError::Internal(format!("`{name}` was loaded without its catalog"))
                 })?;
+                if matches!(op, WriteOp::Delete | WriteOp::Truncate) {
+                    let condition = match op {
+                        WriteOp::Delete => delete_condition(input, &name)?,
+                        _ => None,
+                    };
+                    return Ok(Some(Arc::new(IcebergDeleteExec::new(
+                        catalog,
+                        table.spec().ident()?,
+                        provider.schema(),
+                        condition,
+                    ))));
+                }
+                if *op != WriteOp::Insert(InsertOp::Append) {
+                    return Err(DataFusionError::NotImplemented(format!(
+                        "{op} on Iceberg table `{name}` is not supported yet; Basin supports \
+                         INSERT INTO, CREATE TABLE ... AS SELECT, TRUNCATE TABLE and DELETE by \
+                         identity partition columns"
+                    )));
+                }
                 let spec = WriteSpec::new(table.spec());
                 let input = crate::prefilter::without_prefilters(input)?;
                 let node = IcebergWriteNode::new(spec.clone(), input)?;

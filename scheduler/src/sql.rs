@@ -450,7 +450,8 @@ async fn plan_procedure(
         _ => {
             return Err(DataFusionError::Plan(format!(
                 "CALL {}: Basin's procedures are CALL [catalog.]system.<procedure>(table => \
-                 'name', ...): expire_snapshots, remove_orphan_files",
+                 'name', ...): expire_snapshots, remove_orphan_files, rollback_to_snapshot, \
+                 set_current_snapshot",
                 function.name
             )));
         }

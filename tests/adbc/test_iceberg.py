@@ -163,6 +163,35 @@ def test_basin_writes_pyiceberg_reads(flight_url, pyiceberg_catalog, namespace):
         r["o_orderkey"] for r in expected.to_pylist() if r["o_orderdate"] >= datetime.date(1998, 1, 1)]
 
 
+def test_basin_deletes_by_partition_pyiceberg_reads(flight_url, pyiceberg_catalog, namespace):
+    """Basin's own commits through the REST catalog: a DELETE of whole partitions, a
+    rollback and a TRUNCATE, each read back by pyiceberg."""
+    sql(flight_url,
+        f"CREATE TABLE rest.{namespace}.orders WITH (partitioning = ARRAY['o_orderstatus']) "
+        "AS SELECT o_orderkey, o_orderstatus FROM tpch.tiny.orders WHERE o_orderkey < 3000")
+    everything = sql(flight_url, f"SELECT count(*) AS n FROM rest.{namespace}.orders")["n"][0].as_py()
+    kept = sql(flight_url, f"SELECT o_orderkey FROM rest.{namespace}.orders "
+               "WHERE o_orderstatus <> 'F' ORDER BY o_orderkey")["o_orderkey"].to_pylist()
+    deleted = sql(flight_url, f"DELETE FROM rest.{namespace}.orders WHERE o_orderstatus = 'F'")
+    assert deleted["count"][0].as_py() == everything - len(kept)
+
+    table = pyiceberg_catalog.load_table(f"{namespace}.orders")
+    assert [s.summary.operation.value for s in table.snapshots()] == ["append", "delete"]
+    got = sorted(table.scan().to_arrow().column("o_orderkey").to_pylist())
+    assert got == kept
+    first = table.snapshots()[0].snapshot_id
+    # Time travel in pyiceberg still sees every row.
+    assert table.scan(snapshot_id=first).to_arrow().num_rows == everything
+
+    sql(flight_url, f"TRUNCATE TABLE rest.{namespace}.orders")
+    assert pyiceberg_catalog.load_table(f"{namespace}.orders").scan().to_arrow().num_rows == 0
+    sql(flight_url, f"ALTER TABLE rest.{namespace}.orders EXECUTE "
+        f"rollback_to_snapshot(snapshot_id => {first})")
+    table = pyiceberg_catalog.load_table(f"{namespace}.orders")
+    assert table.current_snapshot().snapshot_id == first
+    assert table.scan().to_arrow().num_rows == everything
+
+
 def test_concurrent_appends_lose_nothing(flight_url, pyiceberg_catalog, namespace):
     sql(flight_url, f"CREATE TABLE rest.{namespace}.events (id BIGINT, source VARCHAR)")
     table = pyiceberg_catalog.load_table(f"{namespace}.events")

@@ -715,3 +715,76 @@ fn expire_snapshots_and_remove_orphan_files() {
     assert_eq!(listed.lines().count(), 1, "{listed}");
     let _ = std::fs::remove_dir_all(&data);
 }
+
+#[test]
+fn delete_by_partition_truncate_and_rollback() {
+    let data = scratch_dir("lake-delete");
+    ok(
+        &data,
+        "CREATE SCHEMA lake.s; \
+         CREATE TABLE lake.s.t (id BIGINT, region VARCHAR, amount DOUBLE) \
+           WITH (partitioning = ARRAY['region']); \
+         INSERT INTO lake.s.t VALUES (1, 'east', 1.0), (2, 'west', 2.0), (3, 'east', 3.0), \
+           (4, NULL, 4.0)",
+    );
+    let first = ok(&data, "SELECT snapshot_id FROM lake.s.\"t$snapshots\"");
+    let first = first.lines().nth(1).unwrap_or_default().to_string();
+    // A condition that whole files cannot decide is refused; nothing changes.
+    let e = err(&data, "DELETE FROM lake.s.t WHERE amount > 1");
+    assert!(e.contains("identity"), "{e}");
+    assert_eq!(snapshots_and_rows(&data), "snapshots\n1\nn\n4\n");
+    // By partition: whole files go, in one `delete` snapshot.
+    assert_eq!(
+        ok(&data, "DELETE FROM lake.s.t WHERE region = 'east'"),
+        "count\n2\n"
+    );
+    assert_eq!(
+        ok(&data, "SELECT id FROM lake.s.t ORDER BY id"),
+        "id\n2\n4\n"
+    );
+    assert_eq!(
+        ok(
+            &data,
+            "SELECT operation, summary['deleted-records'] AS deleted, \
+             summary['total-records'] AS total \
+             FROM lake.s.\"t$snapshots\" ORDER BY committed_at"
+        ),
+        "operation,deleted,total\nappend,,4\ndelete,2,2\n"
+    );
+    // Nothing matches: no snapshot. NULL partitions are matched by IS NULL only.
+    assert_eq!(
+        ok(&data, "DELETE FROM lake.s.t WHERE region = 'north'"),
+        "count\n0\n"
+    );
+    assert_eq!(
+        ok(&data, "DELETE FROM lake.s.t WHERE region IS NULL"),
+        "count\n1\n"
+    );
+    assert_eq!(snapshots_and_rows(&data), "snapshots\n3\nn\n1\n");
+    // Time travel still reads the first version.
+    assert_eq!(
+        ok(
+            &data,
+            &format!("SELECT count(*) AS n FROM lake.s.t FOR VERSION AS OF {first}")
+        ),
+        "n\n4\n"
+    );
+    // TRUNCATE empties it; a rollback brings the first version back.
+    assert_eq!(ok(&data, "TRUNCATE TABLE lake.s.t"), "count\n1\n");
+    assert_eq!(snapshots_and_rows(&data), "snapshots\n4\nn\n0\n");
+    let moved = ok(
+        &data,
+        &format!("ALTER TABLE lake.s.t EXECUTE rollback_to_snapshot(snapshot_id => {first})"),
+    );
+    assert!(moved.ends_with(&format!(",{first}\n")), "{moved}");
+    assert_eq!(ok(&data, "SELECT count(*) AS n FROM lake.s.t"), "n\n4\n");
+    let e = err(
+        &data,
+        "ALTER TABLE lake.s.t EXECUTE rollback_to_snapshot(snapshot_id => 42)",
+    );
+    assert!(
+        e.contains("no snapshot 42") || e.contains("not an ancestor"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&data);
+}

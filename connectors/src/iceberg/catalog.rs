@@ -20,6 +20,7 @@ use iceberg::{Catalog, CatalogBuilder, NamespaceIdent, TableIdent};
 use iceberg_catalog_rest::RestCatalogBuilder;
 use iceberg_catalog_sql::SqlCatalogBuilder;
 
+use super::commit::Committer;
 use super::metadata_tables::MetadataTableKind;
 use super::storage::BasinStorageFactory;
 use super::table::{IcebergTableProvider, TableVersion};
@@ -81,6 +82,8 @@ pub struct IcebergCatalog {
     catalog: Arc<dyn Catalog>,
     runtime: CatalogRuntime,
     options: IcebergOptions,
+    /// Commits iceberg-rust cannot make (super::commit).
+    committer: Committer,
 }
 
 impl IcebergCatalog {
@@ -91,6 +94,12 @@ impl IcebergCatalog {
         let runtime = CatalogRuntime::new(name)?;
         let props = catalog_properties(name, config, basin)?;
         let kind = config.kind;
+        let committer = Committer::new(
+            name,
+            kind == IcebergCatalogKind::Rest,
+            &props,
+            rest_client().map_err(|e| DataFusionError::Plan(error_text(&e)))?,
+        );
         let catalog_name = name.to_string();
         let handle = runtime.handle().clone();
         let catalog: Arc<dyn Catalog> = wait(&handle, async move {
@@ -127,6 +136,7 @@ impl IcebergCatalog {
         Ok(Self {
             name: name.to_string(),
             catalog,
+            committer,
             runtime,
             options: IcebergOptions {
                 split_size: config.split_size_bytes.unwrap_or(DEFAULT_SPLIT_SIZE).max(1),
@@ -136,6 +146,10 @@ impl IcebergCatalog {
                     .max(1024),
             },
         })
+    }
+
+    pub(crate) fn committer(&self) -> &Committer {
+        &self.committer
     }
 
     pub fn name(&self) -> &str {

@@ -14,7 +14,11 @@
 //!   `allow_short_retention => true` is given: a write in flight has files that no commit
 //!   references yet. `dry_run => true` lists the files instead of deleting them.
 //!
-//! Both return Trino's metrics table (`metric_name`, `metric_value`); a dry run returns the
+//! - `rollback_to_snapshot(snapshot_id)` moves `main` back to an ancestor of its current
+//!   snapshot, `set_current_snapshot(snapshot_id)` to any snapshot of the table; both return
+//!   the previous and the current snapshot id.
+//!
+//! The first two return Trino's metrics table (`metric_name`, `metric_value`); a dry run returns the
 //! files (`file_path`, `size_bytes`, `last_modified`).
 
 use std::any::Any;
@@ -65,6 +69,14 @@ pub enum Procedure {
         older_than_ms: i64,
         dry_run: bool,
     },
+    /// `main` back to one of its ancestors.
+    RollbackToSnapshot {
+        snapshot_id: i64,
+    },
+    /// `main` to any snapshot of the table.
+    SetCurrentSnapshot {
+        snapshot_id: i64,
+    },
 }
 
 impl Procedure {
@@ -80,10 +92,11 @@ impl Procedure {
                 "dry_run",
                 "allow_short_retention",
             ],
+            "rollback_to_snapshot" | "set_current_snapshot" => &["snapshot_id"],
             other => {
                 return Err(DataFusionError::Plan(format!(
-                    "unknown table procedure `{other}`: Basin has expire_snapshots and \
-                     remove_orphan_files"
+                    "unknown table procedure `{other}`: Basin has expire_snapshots, \
+                     remove_orphan_files, rollback_to_snapshot and set_current_snapshot"
                 )));
             }
         };
@@ -101,6 +114,19 @@ impl Procedure {
                     "{name}: argument `{arg}` given twice"
                 )));
             }
+        }
+        if let "rollback_to_snapshot" | "set_current_snapshot" = name.as_str() {
+            let id = values.get("snapshot_id").ok_or_else(|| {
+                DataFusionError::Plan(format!("{name} needs snapshot_id => <id>"))
+            })?;
+            let snapshot_id = id.parse::<i64>().map_err(|_| {
+                DataFusionError::Plan(format!("{name}: `{id}` is not a snapshot id"))
+            })?;
+            return Ok(if name == "rollback_to_snapshot" {
+                Procedure::RollbackToSnapshot { snapshot_id }
+            } else {
+                Procedure::SetCurrentSnapshot { snapshot_id }
+            });
         }
         let older_than = match (values.get("retention_threshold"), values.get("older_than")) {
             (Some(_), Some(_)) => {
@@ -162,6 +188,8 @@ impl Procedure {
         match self {
             Procedure::ExpireSnapshots { .. } => "expire_snapshots",
             Procedure::RemoveOrphanFiles { .. } => "remove_orphan_files",
+            Procedure::RollbackToSnapshot { .. } => "rollback_to_snapshot",
+            Procedure::SetCurrentSnapshot { .. } => "set_current_snapshot",
         }
     }
 
@@ -177,6 +205,12 @@ impl Procedure {
                     false,
                 ),
             ])),
+            Procedure::RollbackToSnapshot { .. } | Procedure::SetCurrentSnapshot { .. } => {
+                Arc::new(Schema::new(vec![
+                    Field::new("previous_snapshot_id", DataType::Int64, true),
+                    Field::new("current_snapshot_id", DataType::Int64, false),
+                ]))
+            }
             _ => Arc::new(Schema::new(vec![
                 Field::new("metric_name", DataType::Utf8, false),
                 Field::new("metric_value", DataType::Int64, false),
@@ -380,6 +414,10 @@ impl ExecutionPlan for IcebergProcedureExec {
                     older_than_ms,
                     dry_run,
                 } => remove_orphan_files(table, *older_than_ms, *dry_run, &node.procedure).await,
+                Procedure::RollbackToSnapshot { snapshot_id }
+                | Procedure::SetCurrentSnapshot { snapshot_id } => {
+                    move_main(&node, table, *snapshot_id).await
+                }
             }
             .map_err(|e| e.context(what))
         });
@@ -567,6 +605,29 @@ async fn expire_snapshots(
             ("deleted_manifest_lists_count", manifest_lists),
         ],
     )
+}
+
+/// `rollback_to_snapshot` (an ancestor of the current snapshot only) and
+/// `set_current_snapshot`: `main` points at `snapshot_id`, one commit.
+async fn move_main(node: &IcebergProcedure, table: Table, snapshot_id: i64) -> Result<RecordBatch> {
+    let qualified = node.qualified();
+    let previous = table.metadata().current_snapshot().map(|s| s.snapshot_id());
+    if let (Procedure::RollbackToSnapshot { .. }, Some(current)) = (&node.procedure, previous)
+        && !super::commit::is_ancestor(&table, current, snapshot_id)
+    {
+        return Err(DataFusionError::Plan(format!(
+            "snapshot {snapshot_id} is not an ancestor of `{qualified}`'s current snapshot \
+             {current}: rollback_to_snapshot goes back along the history \
+             (`{qualified}$history`); set_current_snapshot moves to any snapshot"
+        )));
+    }
+    super::commit::set_main(node.catalog.committer(), &table, &qualified, snapshot_id).await?;
+    let previous: ArrayRef = Arc::new(Int64Array::from(vec![previous]));
+    let current: ArrayRef = Arc::new(Int64Array::from(vec![snapshot_id]));
+    Ok(RecordBatch::try_new(
+        node.procedure.schema(),
+        vec![previous, current],
+    )?)
 }
 
 /// Where a location is: its bucket (empty for local files) and object path, so that the

@@ -9,7 +9,9 @@
 
 mod by_name;
 mod catalog;
+mod commit;
 mod ddl;
+mod delete;
 mod maintenance;
 mod metadata_tables;
 mod parquet_props;
@@ -28,6 +30,7 @@ pub use ddl::{
     AlterOp, IcebergAlterTable, IcebergCreateTable, IcebergDdl, IcebergDdlExec, TableOptions,
     create_table_text, parse_partition_field,
 };
+pub use delete::{IcebergDeleteExec, delete_condition};
 pub use maintenance::{IcebergProcedure, IcebergProcedureExec, Procedure};
 pub use metadata_tables::MetadataTableKind;
 pub use scan::{IcebergScanExec, ScanPlanStats, ScanSpec};

@@ -356,7 +356,17 @@ async fn manifest_metrics(table: &Table, manifest: &ManifestFile) -> Option<Arc<
 /// An Iceberg bound as a DataFusion scalar of the column's Arrow type, when it converts
 /// exactly (floats' NaN and bounds of other types are left out).
 fn scalar(datum: &Datum, data_type: &DataType) -> Option<ScalarValue> {
-    let value = match (datum.data_type(), datum.literal()) {
+    literal_scalar(datum.data_type(), datum.literal(), data_type)
+}
+
+/// An Iceberg value of type `ty` as a DataFusion scalar of the column's Arrow type (see
+/// [`scalar`]).
+pub(super) fn literal_scalar(
+    ty: &PrimitiveType,
+    literal: &PrimitiveLiteral,
+    data_type: &DataType,
+) -> Option<ScalarValue> {
+    let value = match (ty, literal) {
         (PrimitiveType::Boolean, PrimitiveLiteral::Boolean(v)) => ScalarValue::Boolean(Some(*v)),
         (PrimitiveType::Int, PrimitiveLiteral::Int(v)) => ScalarValue::Int32(Some(*v)),
         (PrimitiveType::Long, PrimitiveLiteral::Long(v)) => ScalarValue::Int64(Some(*v)),

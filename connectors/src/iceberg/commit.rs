@@ -1,0 +1,617 @@
+//! Commits that iceberg-rust 0.10 cannot make: a snapshot that removes data files (`DELETE`,
+//! `TRUNCATE`) and moving a branch (`rollback_to_snapshot`).
+//!
+//! iceberg-rust commits only its own transaction actions (fast append, schema and property
+//! changes, expiring snapshots): its action trait and its `TableCommit` cannot be built
+//! outside the crate. So Basin writes the manifests, the manifest list and the snapshot
+//! itself, and commits the metadata change as each catalog kind defines it:
+//!
+//! - **SQL catalog** (the embedded `lake`, or any JDBC-style `iceberg_tables` table): the new
+//!   metadata file is written next to the old one, then one `UPDATE … SET metadata_location`
+//!   that only succeeds while the row still names the metadata the change was made from
+//!   (compare-and-swap); a lost race deletes the written file and fails as a conflict.
+//! - **REST catalog**: `POST /v1/{prefix}/namespaces/{ns}/tables/{table}` with the updates and
+//!   their requirements (`assert-table-uuid`, `assert-ref-snapshot-id`); the catalog checks
+//!   them atomically, a 409 is a conflict.
+//!
+//! Every commit requires that `main` still points where it pointed when the change was
+//! planned: a concurrent commit fails the statement with a conflict error naming the table
+//! and nothing is half-committed (the files written for it become orphans, which
+//! `remove_orphan_files` removes).
+
+use std::collections::{HashMap, HashSet};
+use std::str::FromStr;
+
+use datafusion::error::{DataFusionError, Result};
+use iceberg::spec::{
+    DataFile, ManifestContentType, ManifestFile, ManifestListWriter, ManifestWriterBuilder,
+    Operation, PartitionSpec, Snapshot, SnapshotReference, SnapshotRetention,
+    SnapshotSummaryCollector, Summary,
+};
+use iceberg::table::Table;
+use iceberg::{MetadataLocation, TableRequirement, TableUpdate};
+use iceberg_catalog_rest::CommitTableRequest;
+use tokio::sync::Mutex;
+
+use super::catalog::error_text;
+
+const MAIN: &str = "main";
+
+fn iceberg_error(e: iceberg::Error) -> DataFusionError {
+    DataFusionError::Execution(error_text(&e))
+}
+
+fn conflict(table: &str, why: &str) -> DataFusionError {
+    DataFusionError::Execution(format!(
+        "conflict: `{table}` was changed by another commit while this statement ran ({why}); \
+         nothing was committed, run the statement again"
+    ))
+}
+
+/// How a catalog commits a metadata change (see the module's documentation).
+pub(crate) enum Committer {
+    Sql {
+        uri: String,
+        catalog: String,
+        dollar_binds: bool,
+    },
+    Rest(Box<RestCommitter>),
+}
+
+impl std::fmt::Debug for Committer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // URIs and properties may hold credentials.
+        match self {
+            Committer::Sql { .. } => f.write_str("Committer::Sql"),
+            Committer::Rest(_) => f.write_str("Committer::Rest"),
+        }
+    }
+}
+
+pub(crate) struct RestCommitter {
+    uri: String,
+    props: HashMap<String, String>,
+    client: reqwest::Client,
+    /// The bearer token (given, or from the OAuth2 client-credentials exchange) and the
+    /// catalog's path prefix (from `GET /v1/config`), found on the first commit.
+    session: Mutex<Option<(Option<String>, Option<String>)>>,
+}
+
+impl Committer {
+    /// The committer of a catalog of `kind` `name` with iceberg-rust's properties `props`.
+    pub(crate) fn new(
+        name: &str,
+        rest: bool,
+        props: &HashMap<String, String>,
+        client: reqwest::Client,
+    ) -> Self {
+        if rest {
+            Committer::Rest(Box::new(RestCommitter {
+                uri: props.get("uri").cloned().unwrap_or_default(),
+                props: props.clone(),
+                client,
+                session: Mutex::new(None),
+            }))
+        } else {
+            Committer::Sql {
+                uri: props.get("uri").cloned().unwrap_or_default(),
+                catalog: name.to_string(),
+                dollar_binds: props
+                    .get("sql_bind_style")
+                    .is_some_and(|s| s == "DollarNumeric"),
+            }
+        }
+    }
+
+    /// Commits `updates` to `table` (as loaded: the change was made from it) when
+    /// `requirements` hold; `qualified` names the table in errors.
+    pub(crate) async fn commit(
+        &self,
+        table: &Table,
+        qualified: &str,
+        requirements: Vec<TableRequirement>,
+        updates: Vec<TableUpdate>,
+    ) -> Result<()> {
+        match self {
+            Committer::Sql {
+                uri,
+                catalog,
+                dollar_binds,
+            } => {
+                commit_sql(
+                    uri,
+                    catalog,
+                    *dollar_binds,
+                    table,
+                    qualified,
+                    requirements,
+                    updates,
+                )
+                .await
+            }
+            Committer::Rest(rest) => rest.commit(table, qualified, requirements, updates).await,
+        }
+    }
+}
+
+async fn commit_sql(
+    uri: &str,
+    catalog: &str,
+    dollar_binds: bool,
+    table: &Table,
+    qualified: &str,
+    requirements: Vec<TableRequirement>,
+    updates: Vec<TableUpdate>,
+) -> Result<()> {
+    for requirement in &requirements {
+        requirement
+            .check(Some(table.metadata()))
+            .map_err(|e| conflict(qualified, &error_text(&e)))?;
+    }
+    let current = table.metadata_location_result().map_err(iceberg_error)?;
+    let mut builder = table
+        .metadata()
+        .clone()
+        .into_builder(Some(current.to_string()));
+    for update in updates {
+        builder = update.apply(builder).map_err(iceberg_error)?;
+    }
+    let metadata = builder.build().map_err(iceberg_error)?.metadata;
+    let location = MetadataLocation::from_str(current)
+        .map_err(iceberg_error)?
+        .with_next_version()
+        .with_new_metadata(&metadata);
+    metadata
+        .write_to(table.file_io(), &location)
+        .await
+        .map_err(iceberg_error)?;
+    let location = location.to_string();
+    let ident = table.identifier();
+    let sql = if dollar_binds {
+        "UPDATE iceberg_tables SET metadata_location = $1, previous_metadata_location = $2 \
+         WHERE catalog_name = $3 AND table_namespace = $4 AND table_name = $5 \
+         AND metadata_location = $6"
+    } else {
+        "UPDATE iceberg_tables SET metadata_location = ?, previous_metadata_location = ? \
+         WHERE catalog_name = ? AND table_namespace = ? AND table_name = ? \
+         AND metadata_location = ?"
+    };
+    let result = async {
+        sqlx::any::install_default_drivers();
+        let mut conn = <sqlx::AnyConnection as sqlx::Connection>::connect(uri).await?;
+        sqlx::query(sql)
+            .bind(&location)
+            .bind(current)
+            .bind(catalog)
+            .bind(ident.namespace().join("."))
+            .bind(ident.name())
+            .bind(current)
+            .execute(&mut conn)
+            .await
+    }
+    .await;
+    let rows = match result {
+        Ok(done) => done.rows_affected(),
+        Err(e) => {
+            let _ = table.file_io().delete(&location).await;
+            return Err(DataFusionError::Execution(format!(
+                "cannot commit to `{qualified}` in its SQL catalog: {e}"
+            )));
+        }
+    };
+    if rows == 0 {
+        let _ = table.file_io().delete(&location).await;
+        return Err(conflict(qualified, "its metadata location moved"));
+    }
+    Ok(())
+}
+
+impl RestCommitter {
+    fn prop(&self, key: &str) -> Option<&str> {
+        self.props.get(key).map(String::as_str)
+    }
+
+    fn request(
+        &self,
+        method: reqwest::Method,
+        url: &str,
+        token: Option<&str>,
+    ) -> reqwest::RequestBuilder {
+        let mut request = self.client.request(method, url);
+        for (k, v) in &self.props {
+            if let Some(header) = k.strip_prefix("header.") {
+                request = request.header(header, v);
+            }
+        }
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        request
+    }
+
+    /// The bearer token and path prefix, found once.
+    async fn session(&self) -> Result<(Option<String>, Option<String>)> {
+        let mut session = self.session.lock().await;
+        if let Some(found) = session.as_ref() {
+            return Ok(found.clone());
+        }
+        let failed = |what: &str, e: &dyn std::fmt::Display| {
+            DataFusionError::Execution(format!("REST catalog at {}: {what}: {e}", self.uri))
+        };
+        let mut token = self.prop("token").map(str::to_string);
+        if token.is_none()
+            && let Some(credential) = self.prop("credential")
+        {
+            let (id, secret) = match credential.split_once(':') {
+                Some((id, secret)) => (Some(id), secret),
+                None => (None, credential),
+            };
+            let endpoint = self
+                .prop("oauth2-server-uri")
+                .map(str::to_string)
+                .unwrap_or_else(|| format!("{}/v1/oauth/tokens", self.uri));
+            let mut form = vec![
+                ("grant_type", "client_credentials"),
+                ("client_secret", secret),
+                ("scope", self.prop("scope").unwrap_or("catalog")),
+            ];
+            if let Some(id) = id {
+                form.push(("client_id", id));
+            }
+            let body = form
+                .iter()
+                .map(|(k, v)| format!("{k}={}", urlencode(v)))
+                .collect::<Vec<_>>()
+                .join("&");
+            let request = self
+                .request(reqwest::Method::POST, &endpoint, None)
+                .header("Content-Type", "application/x-www-form-urlencoded")
+                .body(body);
+            let json = json_of(request)
+                .await
+                .map_err(|e| failed("the token request failed", &e))?;
+            token = json
+                .get("access_token")
+                .and_then(|t| t.as_str())
+                .map(str::to_string);
+        }
+        let mut config_url = format!("{}/v1/config", self.uri);
+        if let Some(warehouse) = self.prop("warehouse") {
+            config_url.push_str(&format!("?warehouse={}", urlencode(warehouse)));
+        }
+        let request = self.request(reqwest::Method::GET, &config_url, token.as_deref());
+        let json = json_of(request)
+            .await
+            .map_err(|e| failed("reading its config failed", &e))?;
+        let prefix = ["overrides", "defaults"]
+            .iter()
+            .find_map(|k| json.get(k)?.get("prefix")?.as_str().map(str::to_string))
+            .or_else(|| self.prop("prefix").map(str::to_string));
+        *session = Some((token.clone(), prefix.clone()));
+        Ok((token, prefix))
+    }
+
+    async fn commit(
+        &self,
+        table: &Table,
+        qualified: &str,
+        requirements: Vec<TableRequirement>,
+        updates: Vec<TableUpdate>,
+    ) -> Result<()> {
+        let (token, prefix) = self.session().await?;
+        let ident = table.identifier();
+        let bad_uri = |e: &dyn std::fmt::Display| {
+            DataFusionError::Plan(format!(
+                "the REST catalog's uri `{}` is not a URL: {e}",
+                self.uri
+            ))
+        };
+        let mut url = url::Url::parse(&self.uri).map_err(|e| bad_uri(&e))?;
+        {
+            let mut segments = url.path_segments_mut().map_err(|_| bad_uri(&"no path"))?;
+            segments.pop_if_empty().push("v1");
+            for part in prefix
+                .iter()
+                .flat_map(|p| p.split('/'))
+                .filter(|p| !p.is_empty())
+            {
+                segments.push(part);
+            }
+            let namespace = ident.namespace().join("\u{1f}");
+            segments.extend(["namespaces", namespace.as_str(), "tables", ident.name()]);
+        }
+        let url = url.to_string();
+        let body = CommitTableRequest {
+            identifier: Some(ident.clone()),
+            requirements,
+            updates,
+        };
+        let body = serde_json::to_vec(&body).map_err(|e| {
+            DataFusionError::Internal(format!("cannot encode a commit of `{qualified}`: {e}"))
+        })?;
+        let response = self
+            .request(reqwest::Method::POST, &url, token.as_deref())
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| {
+                DataFusionError::Execution(format!(
+                    "cannot commit to `{qualified}`: the REST catalog did not answer ({e}); \
+                     the commit may or may not have happened: check `{qualified}$snapshots`"
+                ))
+            })?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let text = response.text().await.unwrap_or_default();
+        if status == reqwest::StatusCode::CONFLICT {
+            return Err(conflict(qualified, &text));
+        }
+        Err(DataFusionError::Execution(format!(
+            "cannot commit to `{qualified}`: the REST catalog answered {status}: {text}"
+        )))
+    }
+}
+
+/// The JSON a request answers with; the error says what went wrong (never the request).
+async fn json_of(
+    request: reqwest::RequestBuilder,
+) -> std::result::Result<serde_json::Value, String> {
+    let response = request.send().await.map_err(|e| e.to_string())?;
+    let status = response.status();
+    let text = response.text().await.unwrap_or_default();
+    if !status.is_success() {
+        return Err(format!("answered {status}"));
+    }
+    serde_json::from_str(&text).map_err(|e| format!("not JSON: {e}"))
+}
+
+fn urlencode(text: &str) -> String {
+    url::form_urlencoded::byte_serialize(text.as_bytes()).collect()
+}
+
+/// What a snapshot that replaces files did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Replaced {
+    pub removed_files: usize,
+    pub removed_rows: u64,
+}
+
+/// A new snapshot of `table` (as loaded) on `main` without the live data files for which
+/// `remove` is true; the manifests holding them are written again with those entries marked
+/// deleted (the others kept as existing), the rest are carried over. Nothing is committed
+/// when nothing is removed.
+pub(crate) async fn remove_files(
+    committer: &Committer,
+    table: &Table,
+    qualified: &str,
+    remove: impl Fn(&DataFile, &PartitionSpec) -> Result<bool>,
+    properties: HashMap<String, String>,
+) -> Result<Replaced> {
+    let metadata = table.metadata();
+    let Some(base) = metadata.current_snapshot() else {
+        return Ok(Replaced::default());
+    };
+    let file_io = table.file_io();
+    let schema = metadata.current_schema().clone();
+    let existing: HashSet<i64> = metadata.snapshots().map(|s| s.snapshot_id()).collect();
+    let snapshot_id = loop {
+        let id = (uuid::Uuid::new_v4().as_u64_pair().0 & (i64::MAX as u64)) as i64;
+        if id != 0 && !existing.contains(&id) {
+            break id;
+        }
+    };
+    let sequence = metadata.next_sequence_number();
+    let commit_uuid = uuid::Uuid::new_v4();
+    let list = table
+        .manifest_list_reader(base)
+        .load()
+        .await
+        .map_err(iceberg_error)?;
+    let mut manifests: Vec<ManifestFile> = Vec::with_capacity(list.entries().len());
+    let mut summary = SnapshotSummaryCollector::default();
+    let mut replaced = Replaced::default();
+    let mut removed_bytes = 0u64;
+    for (n, manifest) in list.entries().iter().enumerate() {
+        if manifest.content != ManifestContentType::Data {
+            manifests.push(manifest.clone());
+            continue;
+        }
+        let loaded = manifest
+            .load_manifest(file_io)
+            .await
+            .map_err(iceberg_error)?;
+        let spec = metadata
+            .partition_spec_by_id(manifest.partition_spec_id)
+            .ok_or_else(|| {
+                DataFusionError::Execution(format!(
+                    "`{qualified}`: manifest {} names partition spec {}, which the table does \
+                     not have",
+                    manifest.manifest_path, manifest.partition_spec_id
+                ))
+            })?;
+        let mut removed = Vec::with_capacity(loaded.entries().len());
+        for entry in loaded.entries() {
+            removed.push(entry.is_alive() && remove(&entry.data_file, spec)?);
+        }
+        if !removed.contains(&true) {
+            manifests.push(manifest.clone());
+            continue;
+        }
+        let path = format!(
+            "{}/metadata/{commit_uuid}-m{n}.avro",
+            metadata.location().trim_end_matches('/')
+        );
+        let output = file_io.new_output(&path).map_err(iceberg_error)?;
+        let mut writer = ManifestWriterBuilder::new(
+            output,
+            Some(snapshot_id),
+            schema.clone(),
+            spec.as_ref().clone(),
+        )
+        .build_v2_data();
+        for (entry, removed) in loaded.entries().iter().zip(removed) {
+            if !entry.is_alive() {
+                continue;
+            }
+            let file = entry.data_file.clone();
+            let sequence_number = entry.sequence_number.unwrap_or(0);
+            if removed {
+                replaced.removed_files += 1;
+                replaced.removed_rows += file.record_count();
+                removed_bytes += file.file_size_in_bytes();
+                summary.remove_file(&file, schema.clone(), spec.clone());
+                writer
+                    .add_delete_file(
+                        file,
+                        sequence_number,
+                        entry.file_sequence_number.or(entry.sequence_number),
+                    )
+                    .map_err(iceberg_error)?;
+            } else {
+                writer
+                    .add_existing_file(
+                        file,
+                        entry.snapshot_id.unwrap_or(manifest.added_snapshot_id),
+                        sequence_number,
+                        entry.file_sequence_number.or(entry.sequence_number),
+                    )
+                    .map_err(iceberg_error)?;
+            }
+        }
+        manifests.push(writer.write_manifest_file().await.map_err(iceberg_error)?);
+    }
+    if replaced.removed_files == 0 {
+        return Ok(replaced);
+    }
+    let list_path = format!(
+        "{}/metadata/snap-{snapshot_id}-1-{commit_uuid}.avro",
+        metadata.location().trim_end_matches('/')
+    );
+    let mut list_writer = ManifestListWriter::v2(
+        file_io
+            .new_output(&list_path)
+            .map_err(iceberg_error)?
+            .writer()
+            .await
+            .map_err(iceberg_error)?,
+        snapshot_id,
+        Some(base.snapshot_id()),
+        sequence,
+    );
+    list_writer
+        .add_manifests(manifests.into_iter())
+        .map_err(iceberg_error)?;
+    list_writer.close().await.map_err(iceberg_error)?;
+
+    // The summary: what changed, and the table's totals after it.
+    let mut props = summary.build();
+    let previous = &base.summary().additional_properties;
+    let total = |key: &str, minus: u64| {
+        previous
+            .get(key)
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|v| v.saturating_sub(minus).to_string())
+    };
+    for (key, minus) in [
+        ("total-data-files", replaced.removed_files as u64),
+        ("total-records", replaced.removed_rows),
+        ("total-files-size", removed_bytes),
+        ("total-delete-files", 0),
+        ("total-position-deletes", 0),
+        ("total-equality-deletes", 0),
+    ] {
+        if let Some(v) = total(key, minus) {
+            props.insert(key.to_string(), v);
+        }
+    }
+    props.extend(properties);
+    let snapshot = Snapshot::builder()
+        .with_snapshot_id(snapshot_id)
+        .with_parent_snapshot_id(Some(base.snapshot_id()))
+        .with_sequence_number(sequence)
+        .with_timestamp_ms(chrono::Utc::now().timestamp_millis())
+        .with_manifest_list(list_path)
+        .with_summary(Summary {
+            operation: Operation::Delete,
+            additional_properties: props,
+        })
+        .with_schema_id(metadata.current_schema_id())
+        .build();
+    let updates = vec![
+        TableUpdate::AddSnapshot { snapshot },
+        TableUpdate::SetSnapshotRef {
+            ref_name: MAIN.to_string(),
+            reference: SnapshotReference::new(
+                snapshot_id,
+                SnapshotRetention::branch(None, None, None),
+            ),
+        },
+    ];
+    committer
+        .commit(
+            table,
+            qualified,
+            main_unchanged(table, Some(base.snapshot_id())),
+            updates,
+        )
+        .await?;
+    Ok(replaced)
+}
+
+/// The requirements of a change made from `table` as loaded: the same table, `main` at `at`.
+fn main_unchanged(table: &Table, at: Option<i64>) -> Vec<TableRequirement> {
+    vec![
+        TableRequirement::UuidMatch {
+            uuid: table.metadata().uuid(),
+        },
+        TableRequirement::RefSnapshotIdMatch {
+            r#ref: MAIN.to_string(),
+            snapshot_id: at,
+        },
+    ]
+}
+
+/// Points `main` of `table` (as loaded) at `snapshot_id`, one of its snapshots.
+pub(crate) async fn set_main(
+    committer: &Committer,
+    table: &Table,
+    qualified: &str,
+    snapshot_id: i64,
+) -> Result<()> {
+    if table.metadata().snapshot_by_id(snapshot_id).is_none() {
+        return Err(DataFusionError::Plan(format!(
+            "`{qualified}` has no snapshot {snapshot_id} (see `{qualified}$snapshots`)"
+        )));
+    }
+    let at = table.metadata().current_snapshot().map(|s| s.snapshot_id());
+    let updates = vec![TableUpdate::SetSnapshotRef {
+        ref_name: MAIN.to_string(),
+        reference: SnapshotReference::new(snapshot_id, SnapshotRetention::branch(None, None, None)),
+    }];
+    committer
+        .commit(table, qualified, main_unchanged(table, at), updates)
+        .await
+}
+
+/// Whether `ancestor` is `snapshot_id` or one of its ancestors in `table`.
+pub(crate) fn is_ancestor(table: &Table, snapshot_id: i64, ancestor: i64) -> bool {
+    let mut at = Some(snapshot_id);
+    let mut steps = 0;
+    while let Some(id) = at {
+        if id == ancestor {
+            return true;
+        }
+        steps += 1;
+        if steps > table.metadata().snapshots().len() {
+            return false;
+        }
+        at = table
+            .metadata()
+            .snapshot_by_id(id)
+            .and_then(|s| s.parent_snapshot_id());
+    }
+    false
+}
