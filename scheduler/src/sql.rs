@@ -384,7 +384,7 @@ pub fn rewrite_alter_execute(sql: &str) -> Result<String> {
     k += 1;
     let Some(TokenWithSpan {
         token: Token::Word(procedure),
-        span: procedure_span,
+        ..
     }) = significant.get(k + 1)
     else {
         return Err(DataFusionError::Plan(
@@ -396,26 +396,67 @@ pub fn rewrite_alter_execute(sql: &str) -> Result<String> {
         offsets.byte(p.line, p.column)
     };
     let name = &sql[at(significant[2], false)..at(significant[k - 1], true)];
-    let after = offsets.byte(procedure_span.end.line, procedure_span.end.column);
-    let rest = sql[after..].trim();
-    let rest = rest.strip_suffix(';').unwrap_or(rest).trim();
-    let args = match rest {
-        "" | "()" => String::new(),
-        r if r.starts_with('(') && r.ends_with(')') => {
-            let inner = r[1..r.len() - 1].trim();
+    let unexpected = |what: &str| {
+        DataFusionError::Plan(format!(
+            "ALTER TABLE ... EXECUTE {}: unexpected `{what}` (arguments go in parentheses, \
+             name => value, ..., and nothing may follow them)",
+            procedure.value
+        ))
+    };
+    // Nothing but `;` after the arguments: this is one statement.
+    let only_end = |from: usize| {
+        significant[from.min(significant.len())..]
+            .iter()
+            .all(|t| matches!(t.token, Token::SemiColon | Token::EOF))
+    };
+    let args = match significant.get(k + 2).map(|t| &t.token) {
+        None => String::new(),
+        Some(Token::SemiColon | Token::EOF) if only_end(k + 2) => String::new(),
+        Some(Token::LParen) => {
+            let mut depth = 0usize;
+            let mut close = None;
+            for (j, t) in significant.iter().enumerate().skip(k + 2) {
+                match t.token {
+                    Token::LParen => depth += 1,
+                    Token::RParen => {
+                        depth = depth.saturating_sub(1);
+                        if depth == 0 {
+                            close = Some(j);
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            let Some(close) = close else {
+                return Err(unexpected("("));
+            };
+            if !only_end(close + 1) {
+                return Err(unexpected(&significant[close + 1].token.to_string()));
+            }
+            let is_table_arg = |j: usize| {
+                matches!(significant.get(j).map(|t| &t.token), Some(Token::Word(w))
+                    if w.value.eq_ignore_ascii_case("table"))
+                    && matches!(
+                        significant.get(j + 1).map(|t| &t.token),
+                        Some(Token::RArrow)
+                    )
+            };
+            if (k + 3..close).any(is_table_arg) {
+                return Err(DataFusionError::Plan(format!(
+                    "ALTER TABLE ... EXECUTE {}: the table is the one altered; `table => ...` \
+                     belongs to CALL system.{}(...)",
+                    procedure.value, procedure.value
+                )));
+            }
+            let inner = sql[at(significant[k + 2], true)..at(significant[close], false)].trim();
             if inner.is_empty() {
                 String::new()
             } else {
                 format!(", {inner}")
             }
         }
-        r => {
-            return Err(DataFusionError::Plan(format!(
-                "ALTER TABLE ... EXECUTE {}: unexpected `{r}` (arguments go in parentheses: \
-                 name => value, ...)",
-                procedure.value
-            )));
-        }
+        Some(other) => return Err(unexpected(&other.to_string())),
     };
     Ok(format!(
         "CALL system.{}(table => '{}'{args})",
@@ -517,11 +558,17 @@ async fn plan_procedure(
         .try_with_sql(&table)
         .and_then(|mut p| p.parse_object_name(false))
         .map_err(|e| DataFusionError::Plan(format!("`{table}` is not a table name: {e}")))?;
-    if let Some(catalog) = catalog
-        && name.0.len() < 3
-    {
-        name.0
-            .insert(0, ObjectNamePart::Identifier(catalog.clone()));
+    if let Some(catalog) = catalog {
+        // `CALL lake.system.p(table => 't')`: `t` in `lake`, in the session's schema.
+        if name.0.len() == 1 {
+            let schema = ctx.state().config_options().catalog.default_schema.clone();
+            name.0
+                .insert(0, ObjectNamePart::Identifier(Ident::new(schema)));
+        }
+        if name.0.len() == 2 {
+            name.0
+                .insert(0, ObjectNamePart::Identifier(catalog.clone()));
+        }
     }
     let Some((resolved, _, iceberg)) = iceberg_table(ctx, &name)? else {
         return Err(DataFusionError::Plan(format!(
@@ -722,6 +769,13 @@ mod tests {
         let other = "ALTER TABLE t ADD COLUMN execute INT";
         assert_eq!(rewrite_alter_execute(other).unwrap(), other);
         assert!(rewrite_alter_execute("ALTER TABLE t EXECUTE optimize WHERE x").is_err());
+        assert_eq!(
+            rewrite_alter_execute("ALTER TABLE t EXECUTE p(a => f(1), b => 'x') ;").unwrap(),
+            "CALL system.p(table => 't', a => f(1), b => 'x')"
+        );
+        // One statement only; the table is the one altered.
+        assert!(rewrite_alter_execute("ALTER TABLE t EXECUTE p(a => 1); DELETE FROM t").is_err());
+        assert!(rewrite_alter_execute("ALTER TABLE t EXECUTE p(table => 'u')").is_err());
     }
 
     #[test]

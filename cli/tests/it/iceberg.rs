@@ -689,10 +689,15 @@ fn expire_snapshots_and_remove_orphan_files() {
     // append's files are still read), and time travel to them ends.
     let lists = |n: &str| n.starts_with("snap-") && n.ends_with(".avro");
     assert_eq!(count_files(&data, &lists), 3);
+    let e = err(
+        &data,
+        "ALTER TABLE lake.s.t EXECUTE expire_snapshots(retention_threshold => '0s')",
+    );
+    assert!(e.contains("allow_short_retention"), "{e}");
     let expired = ok(
         &data,
         "ALTER TABLE lake.s.t EXECUTE expire_snapshots(retention_threshold => '0s', \
-         retain_last => 1)",
+         retain_last => 1, allow_short_retention => true)",
     );
     assert!(expired.contains("expired_snapshots_count,2"), "{expired}");
     assert!(
@@ -713,6 +718,21 @@ fn expire_snapshots_and_remove_orphan_files() {
         &format!("ALTER TABLE lake.s.t EXECUTE remove_orphan_files({now}, dry_run => true)"),
     );
     assert_eq!(listed.lines().count(), 1, "{listed}");
+    // Once no retained snapshot reads them, deleted rows' files go too.
+    let files = count_files(&data, &parquet);
+    assert_eq!(ok(&data, "DELETE FROM lake.s.t"), "count\n75\n");
+    assert_eq!(count_files(&data, &parquet), files);
+    let expired = ok(
+        &data,
+        "ALTER TABLE lake.s.t EXECUTE expire_snapshots(retention_threshold => '0s', \
+         retain_last => 1, allow_short_retention => true)",
+    );
+    assert!(
+        expired.contains(&format!("deleted_data_files_count,{files}")),
+        "{expired}"
+    );
+    assert_eq!(count_files(&data, &parquet), 0);
+    assert_eq!(snapshots_and_rows(&data), "snapshots\n1\nn\n0\n");
     let _ = std::fs::remove_dir_all(&data);
 }
 
@@ -786,5 +806,26 @@ fn delete_by_partition_truncate_and_rollback() {
         e.contains("no snapshot 42") || e.contains("not an ancestor"),
         "{e}"
     );
+    // Format 1 tables get format 1 manifests: two deletes in a row read back.
+    ok(
+        &data,
+        "CREATE TABLE lake.s.v1 (id BIGINT, region VARCHAR) \
+           WITH (partitioning = ARRAY['region'], format_version = 1); \
+         INSERT INTO lake.s.v1 VALUES (1, 'a'), (2, 'b'), (3, 'c')",
+    );
+    assert_eq!(
+        ok(&data, "DELETE FROM lake.s.v1 WHERE region = 'a'"),
+        "count\n1\n"
+    );
+    assert_eq!(
+        ok(&data, "DELETE FROM lake.s.v1 WHERE region = 'b'"),
+        "count\n1\n"
+    );
+    assert_eq!(ok(&data, "SELECT id FROM lake.s.v1"), "id\n3\n");
+    let e = err(
+        &data,
+        "DELETE FROM lake.s.t WHERE region = 'a' AND random() < 0.5",
+    );
+    assert!(e.contains("volatile"), "{e}");
     let _ = std::fs::remove_dir_all(&data);
 }

@@ -24,9 +24,9 @@ use std::str::FromStr;
 
 use datafusion::error::{DataFusionError, Result};
 use iceberg::spec::{
-    DataFile, ManifestContentType, ManifestFile, ManifestListWriter, ManifestWriterBuilder,
-    Operation, PartitionSpec, Snapshot, SnapshotReference, SnapshotRetention,
-    SnapshotSummaryCollector, Summary,
+    DataFile, FormatVersion, ManifestContentType, ManifestFile, ManifestListWriter,
+    ManifestWriterBuilder, Operation, PartitionSpec, Snapshot, SnapshotReference,
+    SnapshotRetention, SnapshotSummaryCollector, Summary,
 };
 use iceberg::table::Table;
 use iceberg::{MetadataLocation, TableRequirement, TableUpdate};
@@ -176,26 +176,35 @@ async fn commit_sql(
          WHERE catalog_name = ? AND table_namespace = ? AND table_name = ? \
          AND metadata_location = ?"
     };
-    let result = async {
-        sqlx::any::install_default_drivers();
-        let mut conn = <sqlx::AnyConnection as sqlx::Connection>::connect(uri).await?;
-        sqlx::query(sql)
-            .bind(&location)
-            .bind(current)
-            .bind(catalog)
-            .bind(ident.namespace().join("."))
-            .bind(ident.name())
-            .bind(current)
-            .execute(&mut conn)
-            .await
-    }
-    .await;
+    sqlx::any::install_default_drivers();
+    let mut conn = match <sqlx::AnyConnection as sqlx::Connection>::connect(uri).await {
+        Ok(conn) => conn,
+        Err(e) => {
+            // Nothing was sent: the written metadata file is no one's.
+            let _ = table.file_io().delete(&location).await;
+            return Err(DataFusionError::Execution(format!(
+                "cannot commit to `{qualified}`: cannot connect to its SQL catalog ({})",
+                sql_error_kind(&e)
+            )));
+        }
+    };
+    let result = sqlx::query(sql)
+        .bind(&location)
+        .bind(current)
+        .bind(catalog)
+        .bind(ident.namespace().join("."))
+        .bind(ident.name())
+        .bind(current)
+        .execute(&mut conn)
+        .await;
     let rows = match result {
         Ok(done) => done.rows_affected(),
         Err(e) => {
-            let _ = table.file_io().delete(&location).await;
+            // The update may have happened: the metadata file stays (the catalog may name it).
             return Err(DataFusionError::Execution(format!(
-                "cannot commit to `{qualified}` in its SQL catalog: {e}"
+                "cannot commit to `{qualified}`: its SQL catalog failed ({}); the commit may or \
+                 may not have happened: check `{qualified}$snapshots`",
+                sql_error_kind(&e)
             )));
         }
     };
@@ -204,6 +213,17 @@ async fn commit_sql(
         return Err(conflict(qualified, "its metadata location moved"));
     }
     Ok(())
+}
+
+/// What went wrong with the SQL catalog, without its URI (which may hold a password).
+fn sql_error_kind(e: &sqlx::Error) -> String {
+    match e {
+        sqlx::Error::Database(db) => db.message().to_string(),
+        sqlx::Error::Io(io) => io.to_string(),
+        sqlx::Error::PoolTimedOut => "timed out".into(),
+        sqlx::Error::Configuration(_) => "bad catalog URI".into(),
+        other => other.to_string().chars().take(200).collect(),
+    }
 }
 
 impl RestCommitter {
@@ -270,10 +290,12 @@ impl RestCommitter {
             let json = json_of(request)
                 .await
                 .map_err(|e| failed("the token request failed", &e))?;
-            token = json
-                .get("access_token")
-                .and_then(|t| t.as_str())
-                .map(str::to_string);
+            token = Some(
+                json.get("access_token")
+                    .and_then(|t| t.as_str())
+                    .map(str::to_string)
+                    .ok_or_else(|| failed("the token response", &"has no access_token"))?,
+            );
         }
         let mut config_url = format!("{}/v1/config", self.uri);
         if let Some(warehouse) = self.prop("warehouse") {
@@ -283,10 +305,12 @@ impl RestCommitter {
         let json = json_of(request)
             .await
             .map_err(|e| failed("reading its config failed", &e))?;
-        let prefix = ["overrides", "defaults"]
-            .iter()
-            .find_map(|k| json.get(k)?.get("prefix")?.as_str().map(str::to_string))
-            .or_else(|| self.prop("prefix").map(str::to_string));
+        // As iceberg-rust merges them: the server's defaults, then the user's properties,
+        // then the server's overrides.
+        let server = |k: &str| json.get(k)?.get("prefix")?.as_str().map(str::to_string);
+        let prefix = server("overrides")
+            .or_else(|| self.prop("prefix").map(str::to_string))
+            .or_else(|| server("defaults"));
         *session = Some((token.clone(), prefix.clone()));
         Ok((token, prefix))
     }
@@ -298,6 +322,41 @@ impl RestCommitter {
         requirements: Vec<TableRequirement>,
         updates: Vec<TableUpdate>,
     ) -> Result<()> {
+        let body = CommitTableRequest {
+            identifier: Some(table.identifier().clone()),
+            requirements,
+            updates,
+        };
+        let body = serde_json::to_vec(&body).map_err(|e| {
+            DataFusionError::Internal(format!("cannot encode a commit of `{qualified}`: {e}"))
+        })?;
+        match self.post_commit(table, qualified, body.clone()).await? {
+            Some(status) if status == reqwest::StatusCode::UNAUTHORIZED => {
+                // An expired token: a new one, once.
+                *self.session.lock().await = None;
+                match self.post_commit(table, qualified, body).await? {
+                    None => Ok(()),
+                    Some(status) => Err(DataFusionError::Execution(format!(
+                        "cannot commit to `{qualified}`: the REST catalog answered {status} \
+                         (check the catalog's token or credential)"
+                    ))),
+                }
+            }
+            Some(status) => Err(DataFusionError::Execution(format!(
+                "cannot commit to `{qualified}`: the REST catalog answered {status}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Sends a commit; `None` when it was accepted, the status when it was refused as
+    /// unauthorized (errors otherwise).
+    async fn post_commit(
+        &self,
+        table: &Table,
+        qualified: &str,
+        body: Vec<u8>,
+    ) -> Result<Option<reqwest::StatusCode>> {
         let (token, prefix) = self.session().await?;
         let ident = table.identifier();
         let bad_uri = |e: &dyn std::fmt::Display| {
@@ -321,14 +380,6 @@ impl RestCommitter {
             segments.extend(["namespaces", namespace.as_str(), "tables", ident.name()]);
         }
         let url = url.to_string();
-        let body = CommitTableRequest {
-            identifier: Some(ident.clone()),
-            requirements,
-            updates,
-        };
-        let body = serde_json::to_vec(&body).map_err(|e| {
-            DataFusionError::Internal(format!("cannot encode a commit of `{qualified}`: {e}"))
-        })?;
         let response = self
             .request(reqwest::Method::POST, &url, token.as_deref())
             .header("Content-Type", "application/json")
@@ -343,11 +394,26 @@ impl RestCommitter {
             })?;
         let status = response.status();
         if status.is_success() {
-            return Ok(());
+            return Ok(None);
         }
-        let text = response.text().await.unwrap_or_default();
+        if status == reqwest::StatusCode::UNAUTHORIZED {
+            return Ok(Some(status));
+        }
+        let text: String = response
+            .text()
+            .await
+            .unwrap_or_default()
+            .chars()
+            .take(500)
+            .collect();
         if status == reqwest::StatusCode::CONFLICT {
             return Err(conflict(qualified, &text));
+        }
+        if status.is_server_error() {
+            return Err(DataFusionError::Execution(format!(
+                "cannot commit to `{qualified}`: the REST catalog answered {status} ({text}); \
+                 the commit may or may not have happened: check `{qualified}$snapshots`"
+            )));
         }
         Err(DataFusionError::Execution(format!(
             "cannot commit to `{qualified}`: the REST catalog answered {status}: {text}"
@@ -393,6 +459,16 @@ pub(crate) async fn remove_files(
     let metadata = table.metadata();
     let Some(base) = metadata.current_snapshot() else {
         return Ok(Replaced::default());
+    };
+    let v1 = match metadata.format_version() {
+        FormatVersion::V1 => true,
+        FormatVersion::V2 => false,
+        other => {
+            return Err(DataFusionError::NotImplemented(format!(
+                "deleting from `{qualified}` (Iceberg format {other}) is not supported yet: \
+                 Basin writes format 1 and 2 snapshots"
+            )));
+        }
     };
     let file_io = table.file_io();
     let schema = metadata.current_schema().clone();
@@ -445,13 +521,25 @@ pub(crate) async fn remove_files(
             metadata.location().trim_end_matches('/')
         );
         let output = file_io.new_output(&path).map_err(iceberg_error)?;
-        let mut writer = ManifestWriterBuilder::new(
+        if let Err(e) = spec.partition_type(&schema) {
+            return Err(DataFusionError::NotImplemented(format!(
+                "`{qualified}`: files written under partition spec {} cannot be removed: its \
+                 columns are no longer all in the table's schema ({})",
+                spec.spec_id(),
+                error_text(&e)
+            )));
+        }
+        let builder = ManifestWriterBuilder::new(
             output,
             Some(snapshot_id),
             schema.clone(),
             spec.as_ref().clone(),
-        )
-        .build_v2_data();
+        );
+        let mut writer = if v1 {
+            builder.build_v1()
+        } else {
+            builder.build_v2_data()
+        };
         for (entry, removed) in loaded.entries().iter().zip(removed) {
             if !entry.is_alive() {
                 continue;
@@ -490,17 +578,17 @@ pub(crate) async fn remove_files(
         "{}/metadata/snap-{snapshot_id}-1-{commit_uuid}.avro",
         metadata.location().trim_end_matches('/')
     );
-    let mut list_writer = ManifestListWriter::v2(
-        file_io
-            .new_output(&list_path)
-            .map_err(iceberg_error)?
-            .writer()
-            .await
-            .map_err(iceberg_error)?,
-        snapshot_id,
-        Some(base.snapshot_id()),
-        sequence,
-    );
+    let list_file = file_io
+        .new_output(&list_path)
+        .map_err(iceberg_error)?
+        .writer()
+        .await
+        .map_err(iceberg_error)?;
+    let mut list_writer = if v1 {
+        ManifestListWriter::v1(list_file, snapshot_id, Some(base.snapshot_id()))
+    } else {
+        ManifestListWriter::v2(list_file, snapshot_id, Some(base.snapshot_id()), sequence)
+    };
     list_writer
         .add_manifests(manifests.into_iter())
         .map_err(iceberg_error)?;
@@ -544,10 +632,7 @@ pub(crate) async fn remove_files(
         TableUpdate::AddSnapshot { snapshot },
         TableUpdate::SetSnapshotRef {
             ref_name: MAIN.to_string(),
-            reference: SnapshotReference::new(
-                snapshot_id,
-                SnapshotRetention::branch(None, None, None),
-            ),
+            reference: SnapshotReference::new(snapshot_id, main_retention(table)),
         },
     ];
     committer
@@ -559,6 +644,17 @@ pub(crate) async fn remove_files(
         )
         .await?;
     Ok(replaced)
+}
+
+/// `main`'s retention settings, kept when `main` moves (iceberg-rust 0.10 does not expose
+/// the refs but through the metadata's JSON form).
+fn main_retention(table: &Table) -> SnapshotRetention {
+    serde_json::to_value(table.metadata())
+        .ok()
+        .and_then(|m| m.get("refs")?.get(MAIN).cloned())
+        .and_then(|r| serde_json::from_value::<SnapshotReference>(r).ok())
+        .map(|r| r.retention)
+        .unwrap_or_else(|| SnapshotRetention::branch(None, None, None))
 }
 
 /// The requirements of a change made from `table` as loaded: the same table, `main` at `at`.
@@ -589,7 +685,7 @@ pub(crate) async fn set_main(
     let at = table.metadata().current_snapshot().map(|s| s.snapshot_id());
     let updates = vec![TableUpdate::SetSnapshotRef {
         ref_name: MAIN.to_string(),
-        reference: SnapshotReference::new(snapshot_id, SnapshotRetention::branch(None, None, None)),
+        reference: SnapshotReference::new(snapshot_id, main_retention(table)),
     }];
     committer
         .commit(table, qualified, main_unchanged(table, at), updates)

@@ -200,6 +200,12 @@ impl FileCondition {
                 })
             })?
             .data;
+        if unqualified.is_volatile() {
+            return Err(DataFusionError::Plan(format!(
+                "DELETE FROM `{qualified}`: the condition {condition} changes from row to row \
+                 (a volatile function) and cannot be decided for a whole data file"
+            )));
+        }
         let schema = table.metadata().current_schema();
         let mut columns = Vec::new();
         for column in unqualified.column_refs() {

@@ -46,6 +46,7 @@ use iceberg::TableIdent;
 use iceberg::spec::DataContentType;
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
+use object_store::ObjectStoreExt;
 
 use super::catalog::{IcebergCatalog, error_text};
 use super::storage::BasinStorage;
@@ -85,7 +86,12 @@ impl Procedure {
     pub fn parse(name: &str, args: &[(String, String)], now_ms: i64) -> Result<Self> {
         let name = name.to_ascii_lowercase();
         let allowed: &[&str] = match name.as_str() {
-            "expire_snapshots" => &["retention_threshold", "older_than", "retain_last"],
+            "expire_snapshots" => &[
+                "retention_threshold",
+                "older_than",
+                "retain_last",
+                "allow_short_retention",
+            ],
             "remove_orphan_files" => &[
                 "retention_threshold",
                 "older_than",
@@ -148,6 +154,14 @@ impl Procedure {
                 ))),
             }
         };
+        let short = older_than.is_some_and(|t| now_ms - t < DAY_MS);
+        if short && !boolean("allow_short_retention")? {
+            return Err(DataFusionError::Plan(format!(
+                "{name}: a threshold under one day could remove what a running query or write \
+                 still reads; give retention_threshold => '1d' or more, or add \
+                 allow_short_retention => true when nothing can be running"
+            )));
+        }
         match name.as_str() {
             "expire_snapshots" => {
                 let retain_last = match values.get("retain_last") {
@@ -169,13 +183,6 @@ impl Procedure {
             }
             _ => {
                 let older_than_ms = older_than.unwrap_or(now_ms - DEFAULT_RETENTION_MS);
-                if now_ms - older_than_ms < DAY_MS && !boolean("allow_short_retention")? {
-                    return Err(DataFusionError::Plan(format!(
-                        "{name}: a threshold under one day could delete the files of a write \
-                         still in flight; give retention_threshold => '1d' or more, or add \
-                         allow_short_retention => true when no write can be running"
-                    )));
-                }
                 Ok(Procedure::RemoveOrphanFiles {
                     older_than_ms,
                     dry_run: boolean("dry_run")?,
@@ -541,52 +548,68 @@ async fn expire_snapshots(
         .filter(|s| expired.contains(&s.snapshot_id()))
         .map(|s| s.manifest_list().to_string())
         .collect();
-    // What retained snapshots read stays; of the rest, what only expired snapshots read goes.
-    let (kept_manifests, _) = referenced(&after, &kept, Files::None).await?;
-    let (expired_manifests, _) = referenced(&before, &expired, Files::None).await?;
-    let candidates: Vec<String> = expired_manifests
-        .difference(&kept_manifests)
-        .cloned()
-        .collect();
-    let mut data_files = Vec::new();
-    let mut delete_files = Vec::new();
-    if !candidates.is_empty() {
-        let (_, kept_files) = referenced(&after, &kept, Files::Alive).await?;
-        let candidate_set: HashSet<&String> = candidates.iter().collect();
-        for snapshot in before.metadata().snapshots() {
-            if !expired.contains(&snapshot.snapshot_id()) {
-                continue;
-            }
-            let list = before
-                .manifest_list_reader(snapshot)
-                .load()
-                .await
-                .map_err(iceberg_error)?;
-            for manifest in list.entries() {
-                if !candidate_set.contains(&manifest.manifest_path) {
+    // What retained snapshots read stays; of the rest, what only expired snapshots read
+    // goes. The commit stands whatever happens next: a failure here leaves files behind
+    // (for remove_orphan_files), never deletes one that is read.
+    let found = async {
+        let (kept_manifests, _) = referenced(&after, &kept, Files::None).await?;
+        let (expired_manifests, _) = referenced(&before, &expired, Files::None).await?;
+        let candidates: Vec<String> = expired_manifests
+            .difference(&kept_manifests)
+            .cloned()
+            .collect();
+        let mut data_files = Vec::new();
+        let mut delete_files = Vec::new();
+        if !candidates.is_empty() {
+            let (_, kept_files) = referenced(&after, &kept, Files::Alive).await?;
+            let candidate_set: HashSet<&String> = candidates.iter().collect();
+            for snapshot in before.metadata().snapshots() {
+                if !expired.contains(&snapshot.snapshot_id()) {
                     continue;
                 }
-                let loaded = manifest
-                    .load_manifest(before.file_io())
+                let list = before
+                    .manifest_list_reader(snapshot)
+                    .load()
                     .await
                     .map_err(iceberg_error)?;
-                for entry in loaded.entries() {
-                    let path = entry.file_path();
-                    if kept_files.contains(path) {
+                for manifest in list.entries() {
+                    if !candidate_set.contains(&manifest.manifest_path) {
                         continue;
                     }
-                    match entry.content_type() {
-                        DataContentType::Data => data_files.push(path.to_string()),
-                        _ => delete_files.push(path.to_string()),
+                    let loaded = manifest
+                        .load_manifest(before.file_io())
+                        .await
+                        .map_err(iceberg_error)?;
+                    for entry in loaded.entries() {
+                        let path = entry.file_path();
+                        if kept_files.contains(path) {
+                            continue;
+                        }
+                        match entry.content_type() {
+                            DataContentType::Data => data_files.push(path.to_string()),
+                            _ => delete_files.push(path.to_string()),
+                        }
                     }
                 }
             }
+            data_files.sort();
+            data_files.dedup();
+            delete_files.sort();
+            delete_files.dedup();
         }
-        data_files.sort();
-        data_files.dedup();
-        delete_files.sort();
-        delete_files.dedup();
+        Ok::<_, DataFusionError>((data_files, delete_files, candidates))
     }
+    .await;
+    let (data_files, delete_files, candidates) = match found {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::warn!(
+                table = %node.qualified(),
+                "expire_snapshots committed, but its files were not removed: {e}"
+            );
+            (Vec::new(), Vec::new(), Vec::new())
+        }
+    };
     let (data, e1) = delete_all(&before, data_files).await;
     let (deletes, e2) = delete_all(&before, delete_files).await;
     let (manifests, e3) = delete_all(&before, candidates).await;
@@ -632,13 +655,28 @@ async fn move_main(node: &IcebergProcedure, table: Table, snapshot_id: i64) -> R
 
 /// Where a location is: its bucket (empty for local files) and object path, so that the
 /// same file written as `/x`, `file:///x`, `s3://b/k` or `s3a://b/k` compares equal.
-fn place(storage: &BasinStorage, location: &str) -> Option<(String, String)> {
-    let (_, path) = storage.resolve(location).ok()?;
-    let bucket = match url::Url::parse(location) {
-        Ok(url) if url.scheme() != "file" => url.host_str().unwrap_or_default().to_string(),
-        _ => String::new(),
+/// Both spellings of its key are kept: the decoded one Basin reads it by, and the key as
+/// written in the location (writers percent-encode partition values: `%3A` for `:`), so
+/// that a listed key matches whichever the store reports.
+fn place(storage: &BasinStorage, location: &str) -> Result<[(String, String); 2]> {
+    let (_, path) = storage.resolve(location).map_err(|e| {
+        DataFusionError::Execution(format!(
+            "a file the table references cannot be located, so none is removed: {}",
+            error_text(&e)
+        ))
+    })?;
+    let (bucket, raw) = match url::Url::parse(location) {
+        Ok(url) if url.scheme() != "file" => (
+            url.host_str().unwrap_or_default().to_string(),
+            url.path().trim_start_matches('/').to_string(),
+        ),
+        Ok(url) => (
+            String::new(),
+            url.path().trim_start_matches('/').to_string(),
+        ),
+        Err(_) => (String::new(), location.trim_start_matches('/').to_string()),
     };
-    Some((bucket, path.as_ref().to_string()))
+    Ok([(bucket.clone(), path.as_ref().to_string()), (bucket, raw)])
 }
 
 async fn remove_orphan_files(
@@ -673,16 +711,20 @@ async fn remove_orphan_files(
     let processed_manifests = manifests.len();
     known.extend(manifests);
     known.extend(files);
-    let referenced: HashSet<(String, String)> =
-        known.iter().filter_map(|l| place(&storage, l)).collect();
+    let mut referenced: HashSet<(String, String)> = HashSet::with_capacity(known.len() * 2);
+    for location in &known {
+        referenced.extend(place(&storage, location)?);
+    }
 
     let location = metadata.location();
     let (store, prefix) = storage.resolve(location).map_err(iceberg_error)?;
-    let Some((bucket, _)) = place(&storage, location) else {
-        return Err(DataFusionError::Execution(format!(
-            "cannot list the table's location `{location}`"
+    if prefix.as_ref().trim_matches('/').is_empty() {
+        return Err(DataFusionError::Plan(format!(
+            "the table's location `{location}` is a bucket or file-system root: \
+             remove_orphan_files lists and deletes only under a table's own directory"
         )));
-    };
+    }
+    let [(bucket, _), _] = place(&storage, location)?;
     let mut scanned = 0usize;
     let mut orphans = Vec::new();
     let mut listing = store.list(Some(&prefix));
@@ -690,9 +732,13 @@ async fn remove_orphan_files(
         let meta =
             meta.map_err(|e| DataFusionError::Execution(format!("cannot list `{location}`: {e}")))?;
         scanned += 1;
-        let key = (bucket.clone(), meta.location.as_ref().to_string());
+        let raw = meta.location.as_ref().to_string();
+        let decoded = percent_encoding::percent_decode_str(&raw)
+            .decode_utf8_lossy()
+            .into_owned();
         let name = meta.location.filename().unwrap_or_default();
-        if referenced.contains(&key)
+        if referenced.contains(&(bucket.clone(), raw))
+            || referenced.contains(&(bucket.clone(), decoded))
             || name == "version-hint.text"
             || meta.last_modified.timestamp_millis() >= older_than_ms
         {
@@ -708,6 +754,7 @@ async fn remove_orphan_files(
             full,
             meta.size as i64,
             meta.last_modified.timestamp_millis(),
+            meta.location,
         ));
     }
     orphans.sort();
@@ -725,8 +772,22 @@ async fn remove_orphan_files(
             vec![paths, sizes, times],
         )?);
     }
-    let (deleted, failure) = delete_all(&table, orphans.into_iter().map(|o| o.0).collect()).await;
-    if let Some(failure) = failure {
+    // Deleted by the key the store listed (not by a path parsed again).
+    let results: Vec<std::result::Result<(), String>> = futures::stream::iter(orphans)
+        .map(|(full, _, _, key)| {
+            let store = store.clone();
+            async move {
+                match store.delete(&key).await {
+                    Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+                    Err(e) => Err(format!("cannot delete `{full}`: {e}")),
+                }
+            }
+        })
+        .buffer_unordered(DELETES_AT_ONCE)
+        .collect()
+        .await;
+    let deleted = results.iter().filter(|r| r.is_ok()).count();
+    if let Some(failure) = results.into_iter().find_map(|r| r.err()) {
         return Err(DataFusionError::Execution(format!(
             "deleted {deleted} orphan files, then: {failure}"
         )));
@@ -784,7 +845,7 @@ mod tests {
             Procedure::parse(
                 "EXPIRE_SNAPSHOTS",
                 &args(&[("older_than", "2026-12-01")]),
-                now
+                1_900_000_000_000
             )
             .unwrap(),
             Procedure::ExpireSnapshots {
