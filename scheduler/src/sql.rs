@@ -12,7 +12,7 @@ use std::sync::Arc;
 use basin_connectors::iceberg::{
     AlterOp, IcebergAlterTable, IcebergCatalog, IcebergCatalogProvider, IcebergCreateTable,
     IcebergProcedure, Procedure, TableOptions, TableVersion, VERSION_MARKER, create_table_text,
-    namespace_ident,
+    namespace_ident, parse_timestamp,
 };
 use datafusion::catalog::CatalogProvider;
 use datafusion::common::ResolvedTableReference;
@@ -690,38 +690,6 @@ pub fn rewrite_time_travel(sql: &str) -> Result<String> {
         out.replace_range(start..end, &text);
     }
     Ok(out)
-}
-
-/// Parses a timestamp literal (UTC unless it names an offset) into milliseconds.
-fn parse_timestamp(text: &str) -> Result<i64> {
-    let t = text.trim();
-    for format in [
-        "%Y-%m-%d %H:%M:%S%.f %:z",
-        "%Y-%m-%dT%H:%M:%S%.f%:z",
-        "%Y-%m-%d %H:%M:%S%.f%:z",
-    ] {
-        if let Ok(dt) = chrono::DateTime::parse_from_str(t, format) {
-            return Ok(dt.timestamp_millis());
-        }
-    }
-    let stripped = t
-        .strip_suffix(" UTC")
-        .or_else(|| t.strip_suffix('Z'))
-        .unwrap_or(t);
-    for format in ["%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S%.f"] {
-        if let Ok(dt) = chrono::NaiveDateTime::parse_from_str(stripped, format) {
-            return Ok(dt.and_utc().timestamp_millis());
-        }
-    }
-    if let Ok(d) = chrono::NaiveDate::parse_from_str(stripped, "%Y-%m-%d") {
-        return Ok(d
-            .and_hms_opt(0, 0, 0)
-            .map(|dt| dt.and_utc().timestamp_millis())
-            .unwrap_or_default());
-    }
-    Err(DataFusionError::Plan(format!(
-        "`{text}` is not a timestamp; use TIMESTAMP 'YYYY-MM-DD HH:MM:SS[.fff][ +HH:MM]'"
-    )))
 }
 
 /// Byte offsets of (line, column) positions (1-based, columns in characters).

@@ -37,7 +37,7 @@ use super::catalog::error_text;
 
 const MAIN: &str = "main";
 
-fn iceberg_error(e: iceberg::Error) -> DataFusionError {
+pub(super) fn iceberg_error(e: iceberg::Error) -> DataFusionError {
     DataFusionError::Execution(error_text(&e))
 }
 
@@ -454,7 +454,6 @@ pub(crate) async fn remove_files(
     table: &Table,
     qualified: &str,
     remove: impl Fn(&DataFile, &PartitionSpec) -> Result<bool>,
-    properties: HashMap<String, String>,
 ) -> Result<Replaced> {
     let metadata = table.metadata();
     let Some(base) = metadata.current_snapshot() else {
@@ -615,7 +614,6 @@ pub(crate) async fn remove_files(
             props.insert(key.to_string(), v);
         }
     }
-    props.extend(properties);
     let snapshot = Snapshot::builder()
         .with_snapshot_id(snapshot_id)
         .with_parent_snapshot_id(Some(base.snapshot_id()))

@@ -7,7 +7,6 @@
 //! which Basin does not do yet: the statement fails saying so, and nothing changes.
 
 use std::any::Any;
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -153,17 +152,17 @@ impl ExecutionPlan for IcebergDeleteExec {
                 None => None,
                 Some(c) => Some(FileCondition::new(c, &columns, &table, &qualified)?),
             };
-            let removed = remove_files(
-                catalog.committer(),
-                &table,
-                &qualified,
-                |file, spec| match &decide {
-                    None => Ok(true),
-                    Some(d) => d.holds(file, spec),
-                },
-                HashMap::new(),
-            )
-            .await?;
+            let removed =
+                remove_files(
+                    catalog.committer(),
+                    &table,
+                    &qualified,
+                    |file, spec| match &decide {
+                        None => Ok(true),
+                        Some(d) => d.holds(file, spec),
+                    },
+                )
+                .await?;
             let rows: ArrayRef = Arc::new(UInt64Array::from(vec![removed.removed_rows]));
             Ok(RecordBatch::try_new(count_schema(), vec![rows])?)
         });

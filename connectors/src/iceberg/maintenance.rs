@@ -49,6 +49,7 @@ use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use object_store::ObjectStoreExt;
 
 use super::catalog::{IcebergCatalog, error_text};
+use super::commit::iceberg_error;
 use super::storage::BasinStorage;
 
 const DAY_MS: i64 = 24 * 60 * 60 * 1000;
@@ -141,7 +142,7 @@ impl Procedure {
                 )));
             }
             (Some(d), None) => Some(now_ms - parse_duration_ms(d)?),
-            (None, Some(t)) => Some(parse_timestamp_ms(t)?),
+            (None, Some(t)) => Some(parse_timestamp(t)?),
             (None, None) => None,
         };
         let boolean = |arg: &str| -> Result<bool> {
@@ -250,23 +251,37 @@ pub fn parse_duration_ms(text: &str) -> Result<i64> {
     }
 }
 
-/// A timestamp (`2026-12-01 00:00:00`, `2026-12-01T00:00:00Z`, `2026-12-01`) in ms since the
-/// epoch, UTC unless it names an offset.
-fn parse_timestamp_ms(text: &str) -> Result<i64> {
-    use datafusion::arrow::compute::kernels::cast_utils::string_to_timestamp_nanos;
+/// Parses a timestamp (time travel's `TIMESTAMP '…'`, a procedure's `older_than`; UTC
+/// unless it names an offset) into milliseconds since the epoch.
+pub fn parse_timestamp(text: &str) -> Result<i64> {
     let t = text.trim();
-    let with_time = if t.len() == 10 {
-        format!("{t}T00:00:00")
-    } else {
-        t.to_string()
-    };
-    string_to_timestamp_nanos(&with_time)
-        .map(|n| n / 1_000_000)
-        .map_err(|e| {
-            DataFusionError::Plan(format!(
-                "`{text}` is not a timestamp (write e.g. '2026-12-01 00:00:00'): {e}"
-            ))
-        })
+    for format in [
+        "%Y-%m-%d %H:%M:%S%.f %:z",
+        "%Y-%m-%dT%H:%M:%S%.f%:z",
+        "%Y-%m-%d %H:%M:%S%.f%:z",
+    ] {
+        if let Ok(dt) = chrono::DateTime::parse_from_str(t, format) {
+            return Ok(dt.timestamp_millis());
+        }
+    }
+    let stripped = t
+        .strip_suffix(" UTC")
+        .or_else(|| t.strip_suffix('Z'))
+        .unwrap_or(t);
+    for format in ["%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S%.f"] {
+        if let Ok(dt) = chrono::NaiveDateTime::parse_from_str(stripped, format) {
+            return Ok(dt.and_utc().timestamp_millis());
+        }
+    }
+    if let Ok(d) = chrono::NaiveDate::parse_from_str(stripped, "%Y-%m-%d") {
+        return Ok(d
+            .and_hms_opt(0, 0, 0)
+            .map(|dt| dt.and_utc().timestamp_millis())
+            .unwrap_or_default());
+    }
+    Err(DataFusionError::Plan(format!(
+        "`{text}` is not a timestamp; use TIMESTAMP 'YYYY-MM-DD HH:MM:SS[.fff][ +HH:MM]'"
+    )))
 }
 
 /// A maintenance procedure on one Iceberg table (logical plan node).
@@ -430,10 +445,6 @@ impl ExecutionPlan for IcebergProcedureExec {
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
-}
-
-fn iceberg_error(e: iceberg::Error) -> DataFusionError {
-    DataFusionError::Execution(error_text(&e))
 }
 
 fn metrics(procedure: &Procedure, rows: &[(&str, usize)]) -> Result<RecordBatch> {

@@ -31,7 +31,7 @@ pub use ddl::{
     create_table_text, parse_partition_field,
 };
 pub use delete::{IcebergDeleteExec, delete_condition};
-pub use maintenance::{IcebergProcedure, IcebergProcedureExec, Procedure};
+pub use maintenance::{IcebergProcedure, IcebergProcedureExec, Procedure, parse_timestamp};
 pub use metadata_tables::MetadataTableKind;
 pub use scan::{IcebergScanExec, ScanPlanStats, ScanSpec};
 pub use storage::{BasinStorage, BasinStorageFactory};
