@@ -33,8 +33,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::exchange::{ExchangeReadExec, PartitionSubsetExec};
 use crate::iceberg::{
-    IcebergScanExec, IcebergTableProvider, IcebergTableSpec, IcebergWriteExec, IcebergWriteNode,
-    ScanSpec, WriteSpec,
+    IcebergRewriteExec, IcebergRewriteNode, IcebergScanExec, IcebergTableProvider,
+    IcebergTableSpec, IcebergWriteExec, IcebergWriteNode, RewriteSpec, ScanSpec, WriteSpec,
 };
 use crate::remote::{RemoteQuery, RemoteQueryTable, RemoteScanExec, RemoteScanSpec};
 use crate::tpch::{TpchOptions, TpchScanExec, TpchScanSpec, TpchTable, TpchTableProvider};
@@ -60,6 +60,8 @@ enum Kind {
     WindowFunction = 13,
     RecursiveQuery = 14,
     WorkTable = 15,
+    IcebergRewrite = 16,
+    IcebergRewriteExec = 17,
 }
 
 /// A `generate_series` / `range` table (a query that runs as a Ballista job sends its
@@ -294,6 +296,12 @@ impl LogicalExtensionCodec for BasinLogicalCodec {
                     node: Arc::new(IcebergWriteNode::new(spec, input)?),
                 })
             }
+            Some((k, payload)) if k == Kind::IcebergRewrite as u8 => {
+                let spec: RewriteSpec = decode_json(payload)?;
+                Ok(Extension {
+                    node: Arc::new(IcebergRewriteNode::new(spec)?),
+                })
+            }
             Some((k, _)) => Err(DataFusionError::Internal(format!(
                 "unknown Basin logical node kind {k}"
             ))),
@@ -304,6 +312,9 @@ impl LogicalExtensionCodec for BasinLogicalCodec {
     fn try_encode(&self, node: &Extension, buf: &mut Vec<u8>) -> Result<()> {
         if let Some(write) = node.node.as_any().downcast_ref::<IcebergWriteNode>() {
             return encode_json(Kind::IcebergWrite, &write.spec, buf);
+        }
+        if let Some(rewrite) = node.node.as_any().downcast_ref::<IcebergRewriteNode>() {
+            return encode_json(Kind::IcebergRewrite, &rewrite.spec, buf);
         }
         self.inner.try_encode(node, buf)
     }
@@ -445,6 +456,10 @@ impl PhysicalExtensionCodec for BasinPhysicalCodec {
                 })?;
                 Ok(Arc::new(IcebergWriteExec::new(spec, input)))
             }
+            Some((k, payload)) if k == Kind::IcebergRewriteExec as u8 => {
+                let spec: RewriteSpec = decode_json(payload)?;
+                Ok(Arc::new(IcebergRewriteExec::new(spec)))
+            }
             Some((k, payload)) if k == Kind::PartitionSubset as u8 => {
                 let (tasks, task): (usize, usize) = decode_json(payload)?;
                 let input = inputs.first().cloned().ok_or_else(|| {
@@ -479,6 +494,9 @@ impl PhysicalExtensionCodec for BasinPhysicalCodec {
         }
         if let Some(write) = node.as_any().downcast_ref::<IcebergWriteExec>() {
             return encode_json(Kind::IcebergWriteExec, write.spec(), buf);
+        }
+        if let Some(rewrite) = node.as_any().downcast_ref::<IcebergRewriteExec>() {
+            return encode_json(Kind::IcebergRewriteExec, rewrite.spec(), buf);
         }
         if let Some(scan) = node.as_any().downcast_ref::<RemoteScanExec>() {
             return encode_json(Kind::RemoteScan, scan.spec(), buf);

@@ -19,8 +19,9 @@ use basin_connectors::catalogs::{register_catalogs, register_functions, runtime_
 use basin_connectors::codec::portable_names;
 use basin_connectors::iceberg::{
     IcebergAlterTable, IcebergCommitExec, IcebergCreateTable, IcebergDdl, IcebergDdlExec,
-    IcebergDeleteExec, IcebergProcedure, IcebergProcedureExec, IcebergTableProvider,
-    IcebergWriteNode, WriteSpec, delete_condition,
+    IcebergDeleteExec, IcebergProcedure, IcebergProcedureExec, IcebergRewriteNode,
+    IcebergRowChangeExec, IcebergTableProvider, IcebergWriteNode, RowChange, WriteSpec,
+    by_whole_files, no_change, plan_rewrite, row_change_plan,
 };
 use basin_connectors::portable::portable_plan;
 use basin_connectors::remote::RemotePushdown;
@@ -271,23 +272,58 @@ impl BasinQueryPlanner {
                 let catalog = table.catalog().cloned().ok_or_else(|| {
                     DataFusionError::Internal(format!("`{name}` was loaded without its catalog"))
                 })?;
-                if matches!(op, WriteOp::Delete | WriteOp::Truncate) {
-                    let condition = match op {
-                        WriteOp::Delete => delete_condition(input, &name)?,
-                        _ => None,
-                    };
+                if *op == WriteOp::Truncate {
                     return Ok(Some(Arc::new(IcebergDeleteExec::new(
                         catalog,
                         table.spec().ident()?,
                         provider.schema(),
-                        condition,
+                        None,
+                    ))));
+                }
+                if matches!(op, WriteOp::Delete | WriteOp::Update) {
+                    let change = if *op == WriteOp::Delete {
+                        RowChange::Delete
+                    } else {
+                        RowChange::Update
+                    };
+                    let plan = row_change_plan(input, change, &name, &provider.schema())?;
+                    if change == RowChange::Delete
+                        && plan
+                            .condition
+                            .as_ref()
+                            .is_none_or(|c| by_whole_files(c, &table.spec().metadata))
+                    {
+                        return Ok(Some(Arc::new(IcebergDeleteExec::new(
+                            catalog,
+                            table.spec().ident()?,
+                            provider.schema(),
+                            plan.condition,
+                        ))));
+                    }
+                    let target_partitions = state.config().target_partitions();
+                    let (Some(read_snapshot), Some(spec)) = (
+                        table.spec().snapshot_id,
+                        plan_rewrite(table.spec(), &plan, target_partitions).await?,
+                    ) else {
+                        return Ok(Some(no_change()?));
+                    };
+                    let node = LogicalPlan::Extension(Extension {
+                        node: Arc::new(IcebergRewriteNode::new(spec.clone())?),
+                    });
+                    let job = self.distributed.create_physical_plan(&node, state).await?;
+                    return Ok(Some(Arc::new(IcebergRowChangeExec::new(
+                        catalog,
+                        table.spec().ident()?,
+                        &spec,
+                        read_snapshot,
+                        job,
                     ))));
                 }
                 if *op != WriteOp::Insert(InsertOp::Append) {
                     return Err(DataFusionError::NotImplemented(format!(
                         "{op} on Iceberg table `{name}` is not supported yet; Basin supports \
-                         INSERT INTO, CREATE TABLE ... AS SELECT, TRUNCATE TABLE and DELETE by \
-                         identity partition columns"
+                         INSERT INTO, CREATE TABLE ... AS SELECT, DELETE, UPDATE and TRUNCATE \
+                         TABLE"
                     )));
                 }
                 let spec = WriteSpec::new(table.spec());

@@ -455,6 +455,20 @@ pub(crate) async fn remove_files(
     qualified: &str,
     remove: impl Fn(&DataFile, &PartitionSpec) -> Result<bool>,
 ) -> Result<Replaced> {
+    replace_files(committer, table, qualified, remove, Vec::new(), &[]).await
+}
+
+/// [`remove_files`], and `added` (data files written under the table's default partition
+/// spec) added in the same snapshot: an `overwrite` when both happen. `properties` go into
+/// the snapshot's summary.
+pub(crate) async fn replace_files(
+    committer: &Committer,
+    table: &Table,
+    qualified: &str,
+    remove: impl Fn(&DataFile, &PartitionSpec) -> Result<bool>,
+    added: Vec<DataFile>,
+    properties: &[(&str, &str)],
+) -> Result<Replaced> {
     let metadata = table.metadata();
     let Some(base) = metadata.current_snapshot() else {
         return Ok(Replaced::default());
@@ -573,6 +587,42 @@ pub(crate) async fn remove_files(
     if replaced.removed_files == 0 {
         return Ok(replaced);
     }
+    let mut added_bytes = 0u64;
+    let mut added_rows = 0u64;
+    let added_files = added.len() as u64;
+    if !added.is_empty() {
+        let spec = metadata.default_partition_spec().clone();
+        let path = format!(
+            "{}/metadata/{commit_uuid}-m{}.avro",
+            metadata.location().trim_end_matches('/'),
+            list.entries().len()
+        );
+        let output = file_io.new_output(&path).map_err(iceberg_error)?;
+        let builder = ManifestWriterBuilder::new(
+            output,
+            Some(snapshot_id),
+            schema.clone(),
+            spec.as_ref().clone(),
+        );
+        let mut writer = if v1 {
+            builder.build_v1()
+        } else {
+            builder.build_v2_data()
+        };
+        for file in added {
+            added_bytes += file.file_size_in_bytes();
+            added_rows += file.record_count();
+            summary.add_file(&file, schema.clone(), spec.clone());
+            writer
+                .add_file(file, if v1 { -1 } else { sequence })
+                .map_err(iceberg_error)?;
+        }
+        // The new files first: readers plan newer manifests first.
+        manifests.insert(
+            0,
+            writer.write_manifest_file().await.map_err(iceberg_error)?,
+        );
+    }
     let list_path = format!(
         "{}/metadata/snap-{snapshot_id}-1-{commit_uuid}.avro",
         metadata.location().trim_end_matches('/')
@@ -596,23 +646,30 @@ pub(crate) async fn remove_files(
     // The summary: what changed, and the table's totals after it.
     let mut props = summary.build();
     let previous = &base.summary().additional_properties;
-    let total = |key: &str, minus: u64| {
+    let total = |key: &str, plus: u64, minus: u64| {
         previous
             .get(key)
             .and_then(|v| v.parse::<u64>().ok())
-            .map(|v| v.saturating_sub(minus).to_string())
+            .map(|v| (v + plus).saturating_sub(minus).to_string())
     };
-    for (key, minus) in [
-        ("total-data-files", replaced.removed_files as u64),
-        ("total-records", replaced.removed_rows),
-        ("total-files-size", removed_bytes),
-        ("total-delete-files", 0),
-        ("total-position-deletes", 0),
-        ("total-equality-deletes", 0),
+    for (key, plus, minus) in [
+        (
+            "total-data-files",
+            added_files,
+            replaced.removed_files as u64,
+        ),
+        ("total-records", added_rows, replaced.removed_rows),
+        ("total-files-size", added_bytes, removed_bytes),
+        ("total-delete-files", 0, 0),
+        ("total-position-deletes", 0, 0),
+        ("total-equality-deletes", 0, 0),
     ] {
-        if let Some(v) = total(key, minus) {
+        if let Some(v) = total(key, plus, minus) {
             props.insert(key.to_string(), v);
         }
+    }
+    for (key, value) in properties {
+        props.insert(key.to_string(), value.to_string());
     }
     let snapshot = Snapshot::builder()
         .with_snapshot_id(snapshot_id)
@@ -621,7 +678,11 @@ pub(crate) async fn remove_files(
         .with_timestamp_ms(chrono::Utc::now().timestamp_millis())
         .with_manifest_list(list_path)
         .with_summary(Summary {
-            operation: Operation::Delete,
+            operation: if added_files > 0 {
+                Operation::Overwrite
+            } else {
+                Operation::Delete
+            },
             additional_properties: props,
         })
         .with_schema_id(metadata.current_schema_id())

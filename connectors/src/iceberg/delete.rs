@@ -17,8 +17,7 @@ use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchema, ScalarValue};
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
-use datafusion::logical_expr::utils::conjunction;
-use datafusion::logical_expr::{Expr, LogicalPlan};
+use datafusion::logical_expr::Expr;
 use datafusion::physical_expr::{EquivalenceProperties, Partitioning, create_physical_expr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
@@ -32,34 +31,23 @@ use super::catalog::IcebergCatalog;
 use super::commit::remove_files;
 use super::write::count_schema;
 
-/// The condition of a `DELETE` whose input is `input` (filters over the table's scan);
-/// `None` when it has none. Fails on inputs that are not a plain filtered scan.
-pub fn delete_condition(input: &LogicalPlan, table: &str) -> Result<Option<Expr>> {
-    let mut conditions = Vec::new();
-    let mut node = input;
-    loop {
-        match node {
-            LogicalPlan::Filter(filter) => {
-                conditions.push(filter.predicate.clone());
-                node = filter.input.as_ref();
-            }
-            LogicalPlan::Projection(p) => node = p.input.as_ref(),
-            LogicalPlan::SubqueryAlias(a) => node = a.input.as_ref(),
-            LogicalPlan::TableScan(scan) => {
-                conditions.extend(scan.filters.iter().cloned());
-                break;
-            }
-            other => {
-                return Err(DataFusionError::NotImplemented(format!(
-                    "DELETE FROM `{table}` with this condition ({}) is not supported yet: \
-                     Basin deletes whole data files by a condition on the table's \
-                     identity partition columns",
-                    other.display()
-                )));
-            }
-        }
+/// Whether `condition` can be decided for whole data files of `table`: it names only columns
+/// that every partition spec of the table partitions by as they are (identity), and is not
+/// volatile. Then a `DELETE` removes files without reading them.
+pub fn by_whole_files(condition: &Expr, table: &iceberg::spec::TableMetadata) -> bool {
+    if condition.is_volatile() {
+        return false;
     }
-    Ok(conjunction(conditions))
+    let schema = table.current_schema();
+    condition.column_refs().iter().all(|c| {
+        schema.field_by_name(&c.name).is_some_and(|field| {
+            table.partition_specs_iter().all(|spec| {
+                spec.fields()
+                    .iter()
+                    .any(|p| p.source_id == field.id && p.transform == Transform::Identity)
+            })
+        })
+    })
 }
 
 /// Deletes whole data files of an Iceberg table (see the module's documentation), in the

@@ -15,6 +15,7 @@ mod delete;
 mod maintenance;
 mod metadata_tables;
 mod parquet_props;
+mod rewrite;
 mod scan;
 mod stats;
 mod storage;
@@ -30,9 +31,13 @@ pub use ddl::{
     AlterOp, IcebergAlterTable, IcebergCreateTable, IcebergDdl, IcebergDdlExec, TableOptions,
     create_table_text, parse_partition_field,
 };
-pub use delete::{IcebergDeleteExec, delete_condition};
+pub use delete::{IcebergDeleteExec, by_whole_files};
 pub use maintenance::{IcebergProcedure, IcebergProcedureExec, Procedure, parse_timestamp};
 pub use metadata_tables::MetadataTableKind;
+pub use rewrite::{
+    IcebergRewriteExec, IcebergRewriteNode, IcebergRowChangeExec, RewriteSpec, RowChange,
+    RowChangePlan, no_change, plan_rewrite, row_change_plan,
+};
 pub use scan::{IcebergScanExec, ScanPlanStats, ScanSpec};
 pub use storage::{BasinStorage, BasinStorageFactory};
 pub use table::{IcebergTableProvider, IcebergTableSpec, TableVersion, balance};

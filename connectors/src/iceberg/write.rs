@@ -190,6 +190,14 @@ impl ExtensionPlanner for IcebergWritePlanner {
         physical_inputs: &[Arc<dyn ExecutionPlan>],
         session_state: &SessionState,
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
+        if let Some(node) = node
+            .as_any()
+            .downcast_ref::<super::rewrite::IcebergRewriteNode>()
+        {
+            return Ok(Some(Arc::new(super::rewrite::IcebergRewriteExec::new(
+                node.spec.clone(),
+            ))));
+        }
         let Some(node) = node.as_any().downcast_ref::<IcebergWriteNode>() else {
             return Ok(None);
         };
@@ -338,7 +346,7 @@ impl ExecutionPlan for IcebergWriteExec {
 }
 
 /// Writes one input stream into data files; returns them serialized.
-async fn write_files(
+pub(super) async fn write_files(
     spec: &WriteSpec,
     task: &str,
     mut input: SendableRecordBatchStream,
