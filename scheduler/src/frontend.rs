@@ -20,7 +20,7 @@ use basin_connectors::codec::portable_names;
 use basin_connectors::iceberg::{
     IcebergAlterTable, IcebergCommitExec, IcebergCreateTable, IcebergDdl, IcebergDdlExec,
     IcebergDeleteExec, IcebergProcedure, IcebergProcedureExec, IcebergRewriteNode,
-    IcebergRowChangeExec, IcebergTableProvider, IcebergWriteNode, RowChange, WriteSpec,
+    IcebergRowChangeExec, IcebergTableProvider, IcebergWriteNode, Overwrite, RowChange, WriteSpec,
     by_whole_files, no_change, plan_rewrite, row_change_plan,
 };
 use basin_connectors::portable::portable_plan;
@@ -319,11 +319,19 @@ impl BasinQueryPlanner {
                         job,
                     ))));
                 }
-                if *op != WriteOp::Insert(InsertOp::Append) {
+                let overwrite = *op == WriteOp::Insert(InsertOp::Overwrite);
+                if overwrite && table.spec().metadata.partition_specs_iter().count() > 1 {
+                    return Err(DataFusionError::NotImplemented(format!(
+                        "INSERT OVERWRITE of `{name}`: the table's partitioning has changed \
+                         (it has several partition specs); overwriting partitions across specs \
+                         is not supported yet"
+                    )));
+                }
+                if *op != WriteOp::Insert(InsertOp::Append) && !overwrite {
                     return Err(DataFusionError::NotImplemented(format!(
                         "{op} on Iceberg table `{name}` is not supported yet; Basin supports \
-                         INSERT INTO, CREATE TABLE ... AS SELECT, DELETE, UPDATE and TRUNCATE \
-                         TABLE"
+                         INSERT INTO, INSERT OVERWRITE, CREATE TABLE ... AS SELECT, DELETE, \
+                         UPDATE and TRUNCATE TABLE"
                     )));
                 }
                 let spec = WriteSpec::new(table.spec());
@@ -334,12 +342,14 @@ impl BasinQueryPlanner {
                 });
                 let write = portable_names(write)?;
                 let job = self.distributed.create_physical_plan(&write, state).await?;
-                Ok(Some(Arc::new(IcebergCommitExec::new(
-                    catalog,
-                    table.spec().ident()?,
-                    spec,
-                    job,
-                ))))
+                let commit = IcebergCommitExec::new(catalog, table.spec().ident()?, spec, job);
+                Ok(Some(Arc::new(if overwrite {
+                    commit.overwriting(Overwrite {
+                        read_snapshot: table.spec().snapshot_id,
+                    })
+                } else {
+                    commit
+                })))
             }
             _ => Ok(None),
         }

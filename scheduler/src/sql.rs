@@ -22,8 +22,9 @@ use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::{DFParser, Statement};
 use datafusion::sql::planner::object_name_to_table_reference;
 use datafusion::sql::sqlparser::ast::{
-    AlterTableOperation, CreateTableOptions, Expr as SqlExpr, FunctionArg, FunctionArgExpr,
-    FunctionArguments, Ident, ObjectName, ObjectNamePart, Statement as SqlStatement, Value,
+    AlterColumnOperation, AlterTableOperation, CreateTableOptions, Expr as SqlExpr, FunctionArg,
+    FunctionArgExpr, FunctionArguments, Ident, ObjectName, ObjectNamePart,
+    Statement as SqlStatement, Value,
 };
 use datafusion::sql::sqlparser::dialect::GenericDialect;
 use datafusion::sql::sqlparser::keywords::{Keyword, RESERVED_FOR_TABLE_ALIAS};
@@ -327,11 +328,42 @@ async fn plan_iceberg_alter_table(
                     });
                 }
             }
+            AlterTableOperation::RenameColumn {
+                old_column_name,
+                new_column_name,
+            } => ops.push(AlterOp::RenameColumn {
+                from: ident_name(old_column_name),
+                to: ident_name(new_column_name),
+            }),
+            AlterTableOperation::AlterColumn {
+                column_name,
+                op:
+                    AlterColumnOperation::SetDataType {
+                        data_type,
+                        using: None,
+                        ..
+                    },
+            } => {
+                let probe = state
+                    .create_logical_plan(&format!("SELECT CAST(NULL AS {data_type}) AS c"))
+                    .await?;
+                ops.push(AlterOp::SetType {
+                    name: ident_name(column_name),
+                    data_type: probe.schema().field(0).data_type().clone(),
+                });
+            }
+            AlterTableOperation::AlterColumn {
+                column_name,
+                op: op @ (AlterColumnOperation::SetNotNull | AlterColumnOperation::DropNotNull),
+            } => ops.push(AlterOp::SetRequired {
+                name: ident_name(column_name),
+                required: matches!(op, AlterColumnOperation::SetNotNull),
+            }),
             other => {
                 return Err(DataFusionError::NotImplemented(format!(
-                    "ALTER TABLE {} {other}: Basin supports ADD COLUMN and DROP COLUMN on Iceberg \
-                     tables; renaming columns and widening types need iceberg-rust support that \
-                     0.10 does not have",
+                    "ALTER TABLE {} {other}: Basin supports ADD COLUMN, DROP COLUMN, RENAME \
+                     COLUMN, ALTER COLUMN … SET DATA TYPE (a widening) and ALTER COLUMN … DROP \
+                     NOT NULL on Iceberg tables",
                     alter.name
                 )));
             }

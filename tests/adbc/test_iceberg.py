@@ -232,6 +232,27 @@ def test_basin_updates_and_deletes_rows_pyiceberg_reads(flight_url, pyiceberg_ca
     assert "O" not in statuses.to_pylist() and "F" not in statuses.to_pylist()
 
 
+def test_basin_evolves_schema_pyiceberg_reads(flight_url, pyiceberg_catalog, namespace):
+    """RENAME COLUMN, a type promotion and DROP NOT NULL committed by Basin through the REST
+    catalog: pyiceberg sees the new schema (same field ids) and reads old files under it."""
+    sql(flight_url, f"CREATE TABLE rest.{namespace}.m (id INT NOT NULL, price REAL, note VARCHAR)")
+    sql(flight_url, f"INSERT INTO rest.{namespace}.m VALUES (1, 1.5, 'a'), (2, 2.5, 'b')")
+    before = pyiceberg_catalog.load_table(f"{namespace}.m").schema()
+    for statement in ("RENAME COLUMN note TO label", "ALTER COLUMN id SET DATA TYPE BIGINT",
+                      "ALTER COLUMN price SET DATA TYPE DOUBLE", "ALTER COLUMN id DROP NOT NULL"):
+        sql(flight_url, f"ALTER TABLE rest.{namespace}.m {statement}")
+    table = pyiceberg_catalog.load_table(f"{namespace}.m")
+    after = table.schema()
+    assert [(f.field_id, f.name, str(f.field_type), f.required) for f in after.fields] == [
+        (before.find_field("id").field_id, "id", "long", False),
+        (before.find_field("price").field_id, "price", "double", False),
+        (before.find_field("note").field_id, "label", "string", False),
+    ]
+    got = table.scan().to_arrow().sort_by("id").to_pylist()
+    assert got == [{"id": 1, "price": 1.5, "label": "a"}, {"id": 2, "price": 2.5, "label": "b"}]
+    assert sql(flight_url, f"SELECT label FROM rest.{namespace}.m ORDER BY id")["label"].to_pylist() == ["a", "b"]
+
+
 def race_updates_with_appends(flight_url, pyiceberg_catalog, table, update, first_id, rounds):
     """Runs `rounds` Basin `update`s while pyiceberg appends `rounds` batches of 10 rows
     (ids from `first_id`, source 'pyiceberg', v 0); returns (committed, conflicts)."""

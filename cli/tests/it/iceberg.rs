@@ -382,8 +382,14 @@ fn schema_evolution_by_field_id() {
     // Re-adding a dropped name would bring old values back in iceberg-rust 0.10: refused.
     let e = err(&data, "ALTER TABLE lake.s.t ADD COLUMN name VARCHAR");
     assert!(e.contains("had a column of that name"), "{e}");
-    let e = err(&data, "ALTER TABLE lake.s.t RENAME COLUMN score TO points");
-    assert!(e.contains("ADD COLUMN and DROP COLUMN"), "{e}");
+    // So is renaming a column to it; a fresh name is fine, old files read under it.
+    let e = err(&data, "ALTER TABLE lake.s.t RENAME COLUMN score TO name");
+    assert!(e.contains("had a column of that name"), "{e}");
+    ok(&data, "ALTER TABLE lake.s.t RENAME COLUMN score TO points");
+    assert_eq!(
+        ok(&data, "SELECT id, points FROM lake.s.t ORDER BY id"),
+        "id,points\n1,\n2,2.5\n3,4.5\n"
+    );
     let e = err(&data, "ALTER TABLE lake.s.t DROP COLUMN nope");
     assert!(e.contains("lake.s.t") && e.contains("nope"), "{e}");
     let _ = std::fs::remove_dir_all(&data);
@@ -849,6 +855,127 @@ fn delete_and_update_rewrite_the_files_they_change() {
         ok(&data, "SELECT id, region FROM lake.s.p ORDER BY id"),
         "id,region\n1,east\n3,north\n4,\n"
     );
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+/// `INSERT OVERWRITE`: a partitioned table's partitions that get rows are replaced, the others
+/// stay (dynamic partition overwrite); an unpartitioned table is replaced whole.
+#[test]
+fn insert_overwrite_replaces_partitions_or_the_table() {
+    let data = scratch_dir("lake-overwrite");
+    ok(
+        &data,
+        "CREATE SCHEMA lake.s; \
+         CREATE TABLE lake.s.p (id BIGINT, region VARCHAR) WITH (partitioning = ARRAY['region']); \
+         INSERT INTO lake.s.p VALUES (1, 'east'), (2, 'west'), (3, 'east'), (4, 'north'); \
+         CREATE TABLE lake.s.u (id BIGINT); \
+         INSERT INTO lake.s.u VALUES (1), (2)",
+    );
+    assert_eq!(
+        ok(
+            &data,
+            "INSERT OVERWRITE lake.s.p VALUES (10, 'east'), (11, 'south')"
+        ),
+        "count\n2\n"
+    );
+    assert_eq!(
+        ok(&data, "SELECT id, region FROM lake.s.p ORDER BY id"),
+        "id,region\n2,west\n4,north\n10,east\n11,south\n"
+    );
+    assert_eq!(
+        ok(
+            &data,
+            "INSERT OVERWRITE lake.s.u SELECT id * 100 FROM lake.s.u"
+        ),
+        "count\n2\n"
+    );
+    assert_eq!(
+        ok(&data, "SELECT id FROM lake.s.u ORDER BY id"),
+        "id\n100\n200\n"
+    );
+    assert_eq!(
+        ok(
+            &data,
+            "SELECT operation FROM lake.s.\"u$snapshots\" ORDER BY committed_at"
+        ),
+        "operation\nappend\noverwrite\n"
+    );
+    // Overwriting with no rows: no partition of `p` is touched; `u` is emptied.
+    assert_eq!(
+        ok(
+            &data,
+            "INSERT OVERWRITE lake.s.p SELECT * FROM lake.s.p WHERE id < 0"
+        ),
+        "count\n0\n"
+    );
+    assert_eq!(ok(&data, "SELECT count(*) AS n FROM lake.s.p"), "n\n4\n");
+    assert_eq!(
+        ok(
+            &data,
+            "INSERT OVERWRITE lake.s.u SELECT * FROM lake.s.u WHERE id < 0"
+        ),
+        "count\n0\n"
+    );
+    assert_eq!(ok(&data, "SELECT count(*) AS n FROM lake.s.u"), "n\n0\n");
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+/// Renames, type promotions and DROP NOT NULL: a new schema, same field ids; old files read
+/// under the new names and types; history keeps the old schemas.
+#[test]
+fn schema_evolution_renames_and_widens_columns() {
+    let data = scratch_dir("lake-evolve");
+    ok(
+        &data,
+        "CREATE SCHEMA lake.s; \
+         CREATE TABLE lake.s.t (id INT NOT NULL, price REAL, amount DECIMAL(10, 2), note VARCHAR) \
+           WITH (partitioning = ARRAY['note']); \
+         INSERT INTO lake.s.t VALUES (1, 1.5, 10.25, 'a'), (2, 2.5, 20.50, 'b')",
+    );
+    ok(
+        &data,
+        "ALTER TABLE lake.s.t RENAME COLUMN note TO label; \
+         ALTER TABLE lake.s.t ALTER COLUMN id SET DATA TYPE BIGINT; \
+         ALTER TABLE lake.s.t ALTER COLUMN price SET DATA TYPE DOUBLE; \
+         ALTER TABLE lake.s.t ALTER COLUMN amount SET DATA TYPE DECIMAL(20, 2); \
+         ALTER TABLE lake.s.t ALTER COLUMN id DROP NOT NULL",
+    );
+    // Old files under the new names and types; new rows beside them.
+    ok(
+        &data,
+        "INSERT INTO lake.s.t VALUES (NULL, 3.5, CAST('123456789012345.67' AS DECIMAL(20, 2)), 'c')",
+    );
+    assert_eq!(
+        ok(
+            &data,
+            "SELECT id, price, amount, label, arrow_typeof(id) AS t, arrow_typeof(amount) AS a \
+             FROM lake.s.t ORDER BY label"
+        ),
+        "id,price,amount,label,t,a\n1,1.5,10.25,a,Int64,\"Decimal128(20, 2)\"\n\
+         2,2.5,20.50,b,Int64,\"Decimal128(20, 2)\"\n,3.5,123456789012345.67,c,Int64,\
+         \"Decimal128(20, 2)\"\n"
+    );
+    // Pruning by the renamed partition column still works, and so does a DELETE by it.
+    assert_eq!(
+        ok(&data, "DELETE FROM lake.s.t WHERE label = 'a'"),
+        "count\n1\n"
+    );
+    assert_eq!(ok(&data, "SELECT count(*) AS n FROM lake.s.t"), "n\n2\n");
+    // What Iceberg does not allow is refused, naming the column; nothing changes.
+    let e = err(
+        &data,
+        "ALTER TABLE lake.s.t ALTER COLUMN id SET DATA TYPE INT",
+    );
+    assert!(e.contains("`id`") && e.contains("Iceberg allows"), "{e}");
+    let e = err(
+        &data,
+        "ALTER TABLE lake.s.t ALTER COLUMN price SET NOT NULL",
+    );
+    assert!(e.contains("NOT NULL"), "{e}");
+    let e = err(&data, "ALTER TABLE lake.s.t RENAME COLUMN price TO amount");
+    assert!(e.contains("already has a column `amount`"), "{e}");
+    let e = err(&data, "ALTER TABLE lake.s.t RENAME COLUMN nothing TO x");
+    assert!(e.contains("no column `nothing`"), "{e}");
     let _ = std::fs::remove_dir_all(&data);
 }
 

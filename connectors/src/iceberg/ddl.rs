@@ -620,6 +620,27 @@ pub enum AlterOp {
         name: String,
         if_exists: bool,
     },
+    RenameColumn {
+        from: String,
+        to: String,
+    },
+    /// `ALTER COLUMN … SET DATA TYPE`: a promotion Iceberg allows.
+    SetType {
+        name: String,
+        data_type: DataType,
+    },
+    /// `ALTER COLUMN … DROP NOT NULL` (`false`) or `SET NOT NULL` (`true`, refused).
+    SetRequired {
+        name: String,
+        required: bool,
+    },
+}
+
+impl AlterOp {
+    /// Changes iceberg-rust 0.10's schema update cannot make: Basin commits a new schema.
+    fn is_evolution(&self) -> bool {
+        !matches!(self, AlterOp::AddColumn { .. } | AlterOp::DropColumn { .. })
+    }
 }
 
 /// `ALTER TABLE ... ADD COLUMN / DROP COLUMN` on an Iceberg table: one schema change, one
@@ -701,6 +722,15 @@ async fn alter_table(node: &IcebergAlterTable) -> Result<u64> {
     let catalog = node.catalog.clone();
     let table_name = catalog.qualified(&node.ident);
     let table = catalog.load_table(&node.ident).await?;
+    if node.ops.iter().any(AlterOp::is_evolution) {
+        if !node.ops.iter().all(AlterOp::is_evolution) {
+            return Err(DataFusionError::NotImplemented(format!(
+                "ALTER TABLE `{table_name}`: adding or dropping columns and renaming or \
+                 retyping them in one statement is not supported yet; run them as two"
+            )));
+        }
+        return evolve_schema(&catalog, &table, &table_name, &node.ops).await;
+    }
     let schema = table.metadata().current_schema().clone();
     let spec = table.metadata().default_partition_spec().clone();
     let tx = Transaction::new(&table);
@@ -761,6 +791,9 @@ async fn alter_table(node: &IcebergAlterTable) -> Result<u64> {
                 action = action.delete_column(name);
                 changed = true;
             }
+            AlterOp::RenameColumn { .. }
+            | AlterOp::SetType { .. }
+            | AlterOp::SetRequired { .. } => {}
         }
     }
     if !changed {
@@ -773,6 +806,154 @@ async fn alter_table(node: &IcebergAlterTable) -> Result<u64> {
         .call(move |c| async move { tx.commit(c.as_ref()).await.map(|_| ()) })
         .await
         .map_err(|e| catalog.table_error(&node.ident, "cannot alter", &e))?;
+    Ok(0)
+}
+
+/// Renames, type promotions and `DROP NOT NULL`: a new schema with the same field ids, made
+/// current in one commit that requires the table's current schema to be the one changed.
+/// Files are untouched: readers match columns by field id, and read old files' narrower
+/// types promoted.
+async fn evolve_schema(
+    catalog: &Arc<IcebergCatalog>,
+    table: &iceberg::table::Table,
+    table_name: &str,
+    ops: &[AlterOp],
+) -> Result<u64> {
+    use iceberg::spec::{NestedField, PrimitiveType, Schema, Type};
+    let metadata = table.metadata();
+    let current = metadata.current_schema();
+    let mut fields: Vec<NestedField> = current
+        .as_struct()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    let position = |fields: &[NestedField], name: &str| {
+        fields.iter().position(|f| f.name == name).ok_or_else(|| {
+            DataFusionError::Plan(format!("table `{table_name}` has no column `{name}`"))
+        })
+    };
+    for op in ops {
+        match op {
+            AlterOp::RenameColumn { from, to } => {
+                let at = position(&fields, from)?;
+                if from == to {
+                    continue;
+                }
+                if fields.iter().any(|f| &f.name == to) {
+                    return Err(DataFusionError::Plan(format!(
+                        "cannot rename `{from}` of `{table_name}` to `{to}`: the table already \
+                         has a column `{to}`"
+                    )));
+                }
+                // As for ADD COLUMN: iceberg-rust 0.10's reader would match the name to the
+                // old column's values in old files.
+                if metadata
+                    .schemas_iter()
+                    .any(|s| s.field_by_name(to).is_some_and(|f| f.id != fields[at].id))
+                {
+                    return Err(DataFusionError::NotImplemented(format!(
+                        "cannot rename `{from}` of `{table_name}` to `{to}`: the table had a \
+                         column of that name before; pick another name"
+                    )));
+                }
+                fields[at].name = to.clone();
+            }
+            AlterOp::SetType { name, data_type } => {
+                let at = position(&fields, name)?;
+                let field = iceberg_compatible(&Field::new(name, data_type.clone(), true), true);
+                let wanted = arrow_type_to_type(field.data_type()).map_err(|e| {
+                    DataFusionError::Plan(format!(
+                        "cannot change the type of `{name}` of `{table_name}`: {}",
+                        error_text(&e)
+                    ))
+                })?;
+                let from = fields[at].field_type.as_ref().clone();
+                let allowed = match (&from, &wanted) {
+                    (a, b) if a == b => true,
+                    (Type::Primitive(PrimitiveType::Int), Type::Primitive(PrimitiveType::Long))
+                    | (
+                        Type::Primitive(PrimitiveType::Float),
+                        Type::Primitive(PrimitiveType::Double),
+                    ) => true,
+                    (
+                        Type::Primitive(PrimitiveType::Decimal {
+                            precision: p1,
+                            scale: s1,
+                        }),
+                        Type::Primitive(PrimitiveType::Decimal {
+                            precision: p2,
+                            scale: s2,
+                        }),
+                    ) => s1 == s2 && p2 >= p1,
+                    _ => false,
+                };
+                if !allowed {
+                    return Err(DataFusionError::Plan(format!(
+                        "cannot change column `{name}` of `{table_name}` from {from} to \
+                         {wanted}: Iceberg allows int to bigint, float to double and a decimal \
+                         to a wider precision of the same scale"
+                    )));
+                }
+                *fields[at].field_type = wanted;
+            }
+            AlterOp::SetRequired { name, required } => {
+                let at = position(&fields, name)?;
+                if *required && !fields[at].required {
+                    return Err(DataFusionError::NotImplemented(format!(
+                        "cannot make column `{name}` of `{table_name}` NOT NULL: its files may \
+                         hold NULLs, and Iceberg only allows a required column to become \
+                         optional (DROP NOT NULL)"
+                    )));
+                }
+                if !*required && current.identifier_field_ids().any(|id| id == fields[at].id) {
+                    return Err(DataFusionError::Plan(format!(
+                        "column `{name}` of `{table_name}` is an identifier field and must \
+                         stay NOT NULL"
+                    )));
+                }
+                fields[at].required = *required;
+            }
+            AlterOp::AddColumn { .. } | AlterOp::DropColumn { .. } => {}
+        }
+    }
+    if fields
+        .iter()
+        .zip(current.as_struct().fields())
+        .all(|(a, b)| a == b.as_ref())
+    {
+        return Ok(0);
+    }
+    let schema_id = metadata
+        .schemas_iter()
+        .map(|s| s.schema_id())
+        .max()
+        .unwrap_or(0)
+        + 1;
+    let schema = Schema::builder()
+        .with_schema_id(schema_id)
+        .with_fields(fields.into_iter().map(Arc::new))
+        .with_identifier_field_ids(current.identifier_field_ids())
+        .build()
+        .map_err(|e| {
+            DataFusionError::Plan(format!("cannot alter `{table_name}`: {}", error_text(&e)))
+        })?;
+    let requirements = vec![
+        iceberg::TableRequirement::UuidMatch {
+            uuid: metadata.uuid(),
+        },
+        iceberg::TableRequirement::CurrentSchemaIdMatch {
+            current_schema_id: metadata.current_schema_id(),
+        },
+    ];
+    let updates = vec![
+        iceberg::TableUpdate::AddSchema { schema },
+        iceberg::TableUpdate::SetCurrentSchema { schema_id: -1 },
+    ];
+    catalog
+        .committer()
+        .commit(table, table_name, requirements, updates)
+        .await?;
     Ok(0)
 }
 

@@ -43,7 +43,7 @@ pub use storage::{BasinStorage, BasinStorageFactory};
 pub use table::{IcebergTableProvider, IcebergTableSpec, TableVersion, balance};
 pub use write::{
     COMMIT_ID_PROPERTY, IcebergCommitExec, IcebergWriteExec, IcebergWriteNode, IcebergWritePlanner,
-    WriteSpec,
+    Overwrite, WriteSpec,
 };
 
 /// The Arrow schema a query sees of an Iceberg schema converted by iceberg-rust: strings as

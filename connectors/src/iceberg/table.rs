@@ -196,6 +196,7 @@ impl IcebergTableSpec {
             runtime,
             location: location.clone(),
             file_io,
+            time_travel: self.time_travel,
         };
         let mut tables = TABLES.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(table) = tables.get(&key) {
@@ -210,8 +211,13 @@ impl IcebergTableSpec {
         let file_io = FileIOBuilder::new(Arc::new(BasinStorageFactory))
             .with_props(self.file_io.clone())
             .build();
+        let metadata = if self.time_travel {
+            self.metadata.clone()
+        } else {
+            current_schema_for_current_snapshot(&self.metadata)?
+        };
         let mut builder = Table::builder()
-            .metadata(self.metadata.clone())
+            .metadata(metadata)
             .identifier(self.ident()?)
             .file_io(file_io)
             .runtime(
@@ -246,6 +252,35 @@ impl IcebergTableSpec {
     }
 }
 
+/// The metadata with its current snapshot read under the current schema. A schema change
+/// (a rename, a promotion, an added column) makes no snapshot, and iceberg-rust plans a scan
+/// of a snapshot under the schema the snapshot was written with; Iceberg reads the table's
+/// current state under its current schema (time travel under the snapshot's), matching
+/// columns by field id.
+fn current_schema_for_current_snapshot(metadata: &TableMetadataRef) -> Result<TableMetadataRef> {
+    let current_schema = metadata.current_schema_id();
+    let Some(snapshot) = metadata.current_snapshot() else {
+        return Ok(metadata.clone());
+    };
+    if snapshot.schema_id().is_none_or(|id| id == current_schema) {
+        return Ok(metadata.clone());
+    }
+    let bad = |e: serde_json::Error| {
+        DataFusionError::Internal(format!("cannot read the table's metadata: {e}"))
+    };
+    let mut json = serde_json::to_value(metadata.as_ref()).map_err(bad)?;
+    if let Some(snapshots) = json.get_mut("snapshots").and_then(|s| s.as_array_mut()) {
+        for s in snapshots {
+            if s.get("snapshot-id").and_then(|v| v.as_i64()) == Some(snapshot.snapshot_id()) {
+                s["schema-id"] = serde_json::Value::from(current_schema);
+            }
+        }
+    }
+    Ok(Arc::new(
+        serde_json::from_value::<TableMetadata>(json).map_err(bad)?,
+    ))
+}
+
 /// iceberg-rust tables kept between queries. A metadata file never changes, and a table's
 /// object cache keeps the manifest list and manifests it has read: planning the next query of
 /// the same snapshot reads and parses none of them again (Avro parsing was a sixth of the
@@ -262,6 +297,7 @@ struct TableKey {
     runtime: tokio::runtime::Id,
     location: String,
     file_io: Vec<(String, String)>,
+    time_travel: bool,
 }
 
 /// A small map that forgets its least recently used entry past `capacity`.

@@ -460,6 +460,15 @@ pub struct IcebergCommitExec {
     spec: WriteSpec,
     input: Arc<dyn ExecutionPlan>,
     properties: Arc<PlanProperties>,
+    overwrite: Option<Overwrite>,
+}
+
+/// `INSERT OVERWRITE`: what the new files replace.
+#[derive(Debug, Clone, Copy)]
+pub struct Overwrite {
+    /// The snapshot the statement planned from (`None`: the table had none); the commit
+    /// fails as a conflict when `main` moved since, so that no concurrent change is dropped.
+    pub read_snapshot: Option<i64>,
 }
 
 /// The result of a DML or DDL statement: DataFusion's `count` column.
@@ -490,7 +499,16 @@ impl IcebergCommitExec {
             spec,
             input,
             properties,
+            overwrite: None,
         }
+    }
+
+    /// The same commit as an `INSERT OVERWRITE`: an unpartitioned table's files are all
+    /// replaced; a partitioned table's files in the partitions the statement wrote rows to
+    /// (dynamic partition overwrite).
+    pub fn overwriting(mut self, overwrite: Overwrite) -> Self {
+        self.overwrite = Some(overwrite);
+        self
     }
 }
 
@@ -498,8 +516,13 @@ impl DisplayAs for IcebergCommitExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         write!(
             f,
-            "IcebergCommitExec: table={}, operation=append",
-            self.spec.table
+            "IcebergCommitExec: table={}, operation={}",
+            self.spec.table,
+            if self.overwrite.is_some() {
+                "overwrite"
+            } else {
+                "append"
+            }
         )
     }
 }
@@ -528,12 +551,14 @@ impl ExecutionPlan for IcebergCommitExec {
         let input = children.pop().ok_or_else(|| {
             DataFusionError::Internal("IcebergCommitExec needs one input".to_string())
         })?;
-        Ok(Arc::new(Self::new(
+        let mut exec = Self::new(
             self.catalog.clone(),
             self.ident.clone(),
             self.spec.clone(),
             input,
-        )))
+        );
+        exec.overwrite = self.overwrite;
+        Ok(Arc::new(exec))
     }
 
     fn execute(
@@ -550,6 +575,7 @@ impl ExecutionPlan for IcebergCommitExec {
         let catalog = self.catalog.clone();
         let ident = self.ident.clone();
         let spec = self.spec.clone();
+        let overwrite = self.overwrite;
         let stream = futures::stream::once(async move {
             let mut files: Vec<String> = Vec::new();
             for stream in execute_stream_partitioned(input, context)? {
@@ -565,7 +591,10 @@ impl ExecutionPlan for IcebergCommitExec {
                     files.extend(column.iter().flatten().map(str::to_string));
                 }
             }
-            let rows = commit(&catalog, &ident, &spec, files).await?;
+            let rows = match overwrite {
+                None => commit(&catalog, &ident, &spec, files).await?,
+                Some(o) => commit_overwrite(&catalog, &ident, &spec, files, o).await?,
+            };
             let array: ArrayRef = Arc::new(UInt64Array::from(vec![rows]));
             Ok(RecordBatch::try_new(count_schema(), vec![array])?)
         });
@@ -645,6 +674,108 @@ pub async fn commit(
             )))
         }
     }
+}
+
+/// Commits an `INSERT OVERWRITE` (see [`IcebergCommitExec::overwriting`]) in one snapshot.
+async fn commit_overwrite(
+    catalog: &Arc<IcebergCatalog>,
+    ident: &TableIdent,
+    spec: &WriteSpec,
+    files: Vec<String>,
+    overwrite: Overwrite,
+) -> Result<u64> {
+    let qualified = spec.table.clone();
+    let metadata = spec.metadata.clone();
+    let spec_id = metadata.default_partition_spec_id();
+    let partition_type = metadata.default_partition_type().clone();
+    let schema = metadata.current_schema().clone();
+    let data_files: Vec<DataFile> = files
+        .iter()
+        .map(|json| deserialize_data_file_from_json(json, spec_id, &partition_type, &schema))
+        .collect::<iceberg::Result<_>>()
+        .map_err(|e| {
+            DataFusionError::Internal(format!(
+                "cannot read the files written to `{qualified}`: {}",
+                error_text(&e)
+            ))
+        })?;
+    let rows: u64 = data_files.iter().map(|f| f.record_count()).sum();
+    let partitioned = !metadata.default_partition_spec().is_unpartitioned();
+    let partitions: Vec<iceberg::spec::Struct> =
+        data_files.iter().map(|f| f.partition().clone()).collect();
+    let paths: Vec<String> = data_files
+        .iter()
+        .map(|f| f.file_path().to_string())
+        .collect();
+    let result = async {
+        let table = catalog.load_table(ident).await?;
+        let current = table.metadata().current_snapshot().map(|s| s.snapshot_id());
+        if current != overwrite.read_snapshot {
+            return Err(DataFusionError::Execution(format!(
+                "conflict: `{qualified}` was changed by snapshot {} while this INSERT OVERWRITE \
+                 ran from snapshot {}; nothing was committed, run the statement again",
+                current.map_or("none".to_string(), |s| s.to_string()),
+                overwrite
+                    .read_snapshot
+                    .map_or("none".to_string(), |s| s.to_string()),
+            )));
+        }
+        if table.metadata().default_partition_spec_id() != spec_id
+            || table.metadata().current_schema_id() != metadata.current_schema_id()
+        {
+            return Err(DataFusionError::Execution(format!(
+                "conflict: the schema or partitioning of `{qualified}` changed while this \
+                 statement ran; nothing was committed, run the statement again"
+            )));
+        }
+        if current.is_none() {
+            // Nothing to replace: an append.
+            return commit(catalog, ident, spec, files.clone())
+                .await
+                .map(|_| ());
+        }
+        let replaced = super::commit::replace_files(
+            catalog.committer(),
+            &table,
+            &qualified,
+            |file, file_spec| {
+                if !partitioned {
+                    return Ok(true);
+                }
+                if file_spec.spec_id() != spec_id {
+                    return Err(DataFusionError::NotImplemented(format!(
+                        "INSERT OVERWRITE of `{qualified}`: data file {} was written under an \
+                         older partition spec ({}); overwriting partitions across specs is \
+                         not supported yet",
+                        file.file_path(),
+                        file_spec.spec_id()
+                    )));
+                }
+                Ok(partitions.contains(file.partition()))
+            },
+            data_files.clone(),
+            &[
+                (COMMIT_ID_PROPERTY, spec.write_id.as_str()),
+                ("engine-name", "basin"),
+            ],
+        )
+        .await?;
+        if replaced.removed_files == 0 && !data_files.is_empty() {
+            // Nothing replaced (new partitions only): an append.
+            commit(catalog, ident, spec, files.clone()).await?;
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(e) = &result {
+        tracing::warn!(
+            table = %qualified,
+            files = ?paths,
+            error = %e,
+            "statement failed before its commit; these data files are not part of the table and can be deleted"
+        );
+    }
+    result.map(|()| rows)
 }
 
 async fn commit_with_recovery(
