@@ -19,9 +19,10 @@ use basin_connectors::catalogs::{register_catalogs, register_functions, runtime_
 use basin_connectors::codec::portable_names;
 use basin_connectors::iceberg::{
     IcebergAlterTable, IcebergCommitExec, IcebergCreateTable, IcebergDdl, IcebergDdlExec,
-    IcebergDeleteExec, IcebergProcedure, IcebergProcedureExec, IcebergRewriteNode,
-    IcebergRowChangeExec, IcebergTableProvider, IcebergWriteNode, Overwrite, RowChange, WriteSpec,
-    by_whole_files, no_change, plan_rewrite, row_change_plan,
+    IcebergDeleteExec, IcebergMergeCommitExec, IcebergMergeNode, IcebergProcedure,
+    IcebergProcedureExec, IcebergRewriteNode, IcebergRowChangeExec, IcebergTableProvider,
+    IcebergWriteNode, Overwrite, RowChange, WriteSpec, by_whole_files, no_change, plan_rewrite,
+    row_change_plan,
 };
 use basin_connectors::portable::portable_plan;
 use basin_connectors::remote::RemotePushdown;
@@ -251,6 +252,23 @@ impl BasinQueryPlanner {
                 }
                 if let Some(node) = ext.node.as_any().downcast_ref::<IcebergProcedure>() {
                     return Ok(Some(Arc::new(IcebergProcedureExec::new(node.clone()))));
+                }
+                if let Some(node) = ext.node.as_any().downcast_ref::<IcebergMergeNode>() {
+                    let mut spec = WriteSpec::new(&node.target);
+                    spec.merge = true;
+                    let input = crate::prefilter::without_prefilters(&node.input)?;
+                    let write = LogicalPlan::Extension(Extension {
+                        node: Arc::new(IcebergWriteNode::new(spec.clone(), input)?),
+                    });
+                    let write = portable_names(write)?;
+                    let job = self.distributed.create_physical_plan(&write, state).await?;
+                    return Ok(Some(Arc::new(IcebergMergeCommitExec::new(
+                        node.catalog.clone(),
+                        node.target.ident()?,
+                        spec,
+                        node.target.snapshot_id,
+                        job,
+                    ))));
                 }
                 Ok(None)
             }

@@ -21,6 +21,7 @@ pub mod joins;
 pub mod limits;
 mod liveness;
 mod memory;
+pub mod merge;
 pub mod notin;
 pub mod prefilter;
 pub mod semi_join_keys;

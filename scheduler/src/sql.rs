@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use basin_connectors::iceberg::{
     AlterOp, IcebergAlterTable, IcebergCatalog, IcebergCatalogProvider, IcebergCreateTable,
-    IcebergProcedure, Procedure, TableOptions, TableVersion, VERSION_MARKER, create_table_text,
-    namespace_ident, parse_timestamp,
+    IcebergMergeNode, IcebergProcedure, Procedure, TableOptions, TableVersion, VERSION_MARKER,
+    create_table_text, namespace_ident, parse_timestamp,
 };
 use datafusion::catalog::CatalogProvider;
 use datafusion::common::ResolvedTableReference;
@@ -46,6 +46,9 @@ pub async fn plan(ctx: &SessionContext, statement: Statement) -> Result<LogicalP
         return Ok(plan);
     }
     if let Some(plan) = plan_procedure(ctx, &statement).await? {
+        return Ok(plan);
+    }
+    if let Some(plan) = crate::merge::plan_merge(ctx, &statement).await? {
         return Ok(plan);
     }
     if let Some(plan) = plan_show(ctx, &statement).await? {
@@ -103,6 +106,7 @@ pub fn is_command(plan: &LogicalPlan) -> bool {
             e.node.as_any().is::<IcebergCreateTable>()
                 || e.node.as_any().is::<IcebergAlterTable>()
                 || e.node.as_any().is::<IcebergProcedure>()
+                || e.node.as_any().is::<IcebergMergeNode>()
         }
         _ => false,
     }
@@ -117,7 +121,10 @@ type IcebergTarget = (
 
 /// Resolves a table name against the session's defaults; `Some` when its catalog is an
 /// Iceberg catalog.
-fn iceberg_table(ctx: &SessionContext, name: &ObjectName) -> Result<Option<IcebergTarget>> {
+pub(crate) fn iceberg_table(
+    ctx: &SessionContext,
+    name: &ObjectName,
+) -> Result<Option<IcebergTarget>> {
     let state = ctx.state();
     let options = state.config_options();
     let resolved = object_name_to_table_reference(

@@ -244,3 +244,35 @@ def test_time_limit_cancels_the_query_and_its_remote_statement(federation, shape
             cur.execute("SET basin.query_timeout_seconds = 0")
             cur.execute("SELECT count(*) FROM tpch.tiny.nation")
             assert cur.fetchall() == [(25,)]
+
+
+@pytest.mark.parametrize("source", ["pg", "my"])
+def test_merge_from_a_remote_table_into_iceberg(federation, source):
+    """Upserts from PostgreSQL and MariaDB tables into an Iceberg table of the embedded lake
+    in one MERGE each: matched rows updated, new rows inserted, rows gone from the source
+    deleted; the result is the source's rows."""
+    import adbc_driver_flightsql.dbapi as fs
+
+    schema = federation["schema"]
+    remote = f"{schema}.src_{source}"
+    if source == "pg":
+        psql(federation["pg"], f"CREATE TABLE {remote} (id BIGINT PRIMARY KEY, name TEXT); "
+                               f"INSERT INTO {remote} SELECT g, 'v2-' || g FROM generate_series(5, 300) g")
+    else:
+        mariadb(federation["my"], f"CREATE TABLE {remote} (id BIGINT PRIMARY KEY, name TEXT)")
+        mariadb(federation["my"], f"INSERT INTO {remote} SELECT seq, CONCAT('v2-', seq) FROM seq_5_to_300")
+    lake = f"lake.{schema}.merged_{source}"
+    with fs.connect(federation["url"]) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE SCHEMA IF NOT EXISTS lake.{schema}")
+        cur.fetchall()
+        cur.execute(f"CREATE TABLE {lake} AS SELECT CAST(id AS BIGINT) AS id, "
+                    f"CAST('v1' AS VARCHAR) AS name FROM (VALUES (1), (2), (3), (4), (5), (6), (7)) v(id)")
+        cur.fetchall()
+        cur.execute(f"MERGE INTO {lake} t USING {source}.{remote} s ON t.id = s.id "
+                    "WHEN MATCHED THEN UPDATE SET name = s.name "
+                    "WHEN NOT MATCHED THEN INSERT (id, name) VALUES (s.id, s.name) "
+                    "WHEN NOT MATCHED BY SOURCE THEN DELETE")
+        assert cur.fetchall() == [(300,)]  # 3 updated, 293 inserted, 4 deleted
+        cur.execute(f"SELECT count(*), min(id), max(id), count(DISTINCT id), "
+                    f"sum(CASE WHEN name = concat('v2-', CAST(id AS VARCHAR)) THEN 1 ELSE 0 END) FROM {lake}")
+        assert cur.fetchall() == [(296, 5, 300, 296, 296)]

@@ -399,3 +399,70 @@ def test_s3_access_denied_names_the_table(pyiceberg_catalog, namespace, tmp_path
         assert f"{namespace}.guarded" in out.stderr, out.stderr
         assert "wrong-secret-value" not in out.stderr + out.stdout
     assert len(pyiceberg_catalog.load_table(f"{namespace}.guarded").snapshots()) == 1
+
+
+MERGE_SQL = """
+MERGE INTO {target} t USING {source} s ON t.k = s.k
+WHEN MATCHED AND s.op = 'd' THEN DELETE
+WHEN MATCHED AND s.v > t.v THEN UPDATE SET v = s.v, note = 'up'
+WHEN MATCHED THEN UPDATE SET note = 'seen'
+WHEN NOT MATCHED AND s.op <> 'skip' THEN INSERT (k, v, note) VALUES (s.k, s.v, 'new')
+WHEN NOT MATCHED BY SOURCE AND t.v < 100 THEN DELETE
+WHEN NOT MATCHED BY SOURCE THEN UPDATE SET note = 'orphan'
+"""
+
+
+def merge_data():
+    """10,000 target rows (NULL keys, duplicated keys) and 5,000 source rows (NULL keys,
+    duplicated keys that match no target row)."""
+    target = [{"k": None if i % 97 == 0 else i, "v": (i * 7) % 1000, "note": "orig"} for i in range(10_000)]
+    target += [{"k": i, "v": 500, "note": "twin"} for i in range(6_000, 6_050)]
+    source = [{"k": None if i % 50 == 0 else k, "v": (k * 13) % 1000,
+               "op": "d" if k % 10 == 0 else ("skip" if k % 7 == 0 else "u")}
+              for i, k in enumerate(range(5_000, 15_000, 2))]
+    source += [{"k": k, "v": 1, "op": "u"} for k in range(20_001, 20_100, 3)] * 2
+    return target, source
+
+
+def test_merge_matches_duckdb(flight_url, pyiceberg_catalog, namespace):
+    """MERGE with every clause kind over Iceberg tables (source: another Iceberg table) gives
+    DuckDB's MERGE rows and count; a target row matched by two source rows fails the statement
+    and Basin commits nothing (DuckDB 1.5 does not enforce the SQL standard's cardinality rule:
+    it applies both)."""
+    import duckdb
+
+    target, source = merge_data()
+    schema_t = pa.schema([("k", pa.int64()), ("v", pa.int64()), ("note", pa.string())])
+    schema_s = pa.schema([("k", pa.int64()), ("v", pa.int64()), ("op", pa.string())])
+    t_arrow = pa.Table.from_pylist(target, schema=schema_t)
+    s_arrow = pa.Table.from_pylist(source, schema=schema_s)
+    for name, data in (("target", t_arrow), ("source", s_arrow)):
+        table = pyiceberg_catalog.create_table(f"{namespace}.{name}", schema=data.schema)
+        table.append(data)
+
+    duck = duckdb.connect()
+    duck.register("t_arrow", t_arrow)
+    duck.register("s_arrow", s_arrow)
+    duck.execute("CREATE TABLE target AS SELECT * FROM t_arrow; CREATE TABLE source AS SELECT * FROM s_arrow")
+    expected_count = duck.execute(MERGE_SQL.format(target="target", source="source")).fetchall()[0][0]
+    expected = sorted(duck.execute("SELECT k, v, note FROM target").fetchall(),
+                      key=lambda r: (r[0] is None, r[0] or 0, r[1], r[2]))
+
+    got_count = sql(flight_url, MERGE_SQL.format(target=f"rest.{namespace}.target",
+                                                 source=f"rest.{namespace}.source"))["count"][0].as_py()
+    got = sql(flight_url, f"SELECT k, v, note FROM rest.{namespace}.target").to_pylist()
+    got = sorted(((r["k"], r["v"], r["note"]) for r in got), key=lambda r: (r[0] is None, r[0] or 0, r[1], r[2]))
+    assert got_count == expected_count
+    assert len(got) == len(expected)
+    assert got == expected
+    # pyiceberg reads the same rows.
+    read_back = pyiceberg_catalog.load_table(f"{namespace}.target").scan().to_arrow().to_pylist()
+    assert sorted(((r["k"], r["v"], r["note"]) for r in read_back),
+                  key=lambda r: (r[0] is None, r[0] or 0, r[1], r[2])) == expected
+
+    # Cardinality: a source key twice, matching a target row.
+    dup = "(SELECT * FROM (VALUES (6001, 5, 'u'), (6001, 6, 'u')) AS d(k, v, op))"
+    snapshots = len(pyiceberg_catalog.load_table(f"{namespace}.target").snapshots())
+    with pytest.raises(Exception, match="more than one source row"):
+        sql(flight_url, MERGE_SQL.format(target=f"rest.{namespace}.target", source=dup))
+    assert len(pyiceberg_catalog.load_table(f"{namespace}.target").snapshots()) == snapshots

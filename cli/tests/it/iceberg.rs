@@ -117,6 +117,126 @@ fn seed_walk_through_with_time_travel() {
         "SELECT * FROM lake.shop.orders FOR TIMESTAMP AS OF TIMESTAMP '2000-01-01 00:00:00'",
     );
     assert!(e.contains("no snapshot at or before 2000-01-01"), "{e}");
+    // UPDATE one amount: the total changes in a new snapshot; time travel still sees 200
+    // and 250.
+    assert_eq!(
+        ok(
+            &data,
+            "UPDATE lake.shop.orders SET amount = 100 WHERE id = 2"
+        ),
+        "count\n1\n"
+    );
+    assert_eq!(
+        ok(&data, "SELECT sum(amount) AS total FROM lake.shop.orders"),
+        "total\n270.00\n"
+    );
+    for (id, total) in [(ids[0], "200.00"), (ids[1], "250.00")] {
+        assert_eq!(
+            ok(
+                &data,
+                &format!(
+                    "SELECT sum(amount) AS total FROM lake.shop.orders FOR VERSION AS OF {id}"
+                )
+            ),
+            format!("total\n{total}\n")
+        );
+    }
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+/// MERGE into a partitioned table from VALUES: updates (one moving its row to another
+/// partition), deletes and inserts in one snapshot; only the files with changed rows are
+/// rewritten; mistakes are refused before anything runs.
+#[test]
+fn merge_updates_deletes_and_inserts_in_one_snapshot() {
+    let data = scratch_dir("lake-merge");
+    ok(
+        &data,
+        "CREATE SCHEMA lake.s; \
+         CREATE TABLE lake.s.t (id BIGINT, region VARCHAR, amount DOUBLE) \
+           WITH (partitioning = ARRAY['region']); \
+         INSERT INTO lake.s.t VALUES (1, 'east', 1.0), (2, 'west', 2.0), (3, 'east', 3.0), \
+           (4, 'north', 4.0)",
+    );
+    let merge = "MERGE INTO lake.s.t AS t \
+         USING (VALUES (1, 'south', 10.0), (3, 'east', 0.0), (5, 'west', 5.0), \
+           (NULL, 'east', 6.0)) AS s(id, region, amount) \
+         ON t.id = s.id \
+         WHEN MATCHED AND s.amount = 0 THEN DELETE \
+         WHEN MATCHED THEN UPDATE SET region = s.region, amount = t.amount + s.amount \
+         WHEN NOT MATCHED THEN INSERT (id, region, amount) VALUES (s.id, s.region, s.amount)";
+    assert_eq!(ok(&data, merge), "count\n4\n");
+    assert_eq!(
+        ok(
+            &data,
+            "SELECT id, region, amount FROM lake.s.t ORDER BY id NULLS LAST"
+        ),
+        "id,region,amount\n1,south,11.0\n2,west,2.0\n4,north,4.0\n5,west,5.0\n,east,6.0\n"
+    );
+    assert_eq!(
+        ok(
+            &data,
+            "SELECT operation, summary['deleted-data-files'] AS removed \
+             FROM lake.s.\"t$snapshots\" ORDER BY committed_at"
+        ),
+        "operation,removed\nappend,\noverwrite,1\n"
+    );
+    // Nothing matches and nothing is inserted: no snapshot.
+    assert_eq!(
+        ok(
+            &data,
+            "MERGE INTO lake.s.t t USING (SELECT 99 AS id) s ON t.id = s.id \
+             WHEN MATCHED THEN DELETE"
+        ),
+        "count\n0\n"
+    );
+    assert_eq!(snapshots_and_rows(&data).lines().nth(1), Some("2"));
+    // WHEN NOT MATCHED BY SOURCE: the rows the source lacks.
+    assert_eq!(
+        ok(
+            &data,
+            "MERGE INTO lake.s.t t USING (SELECT 2 AS id) s ON t.id = s.id \
+             WHEN NOT MATCHED BY SOURCE AND t.region = 'west' THEN DELETE \
+             WHEN NOT MATCHED BY SOURCE THEN UPDATE SET amount = 0"
+        ),
+        "count\n4\n"
+    );
+    assert_eq!(
+        ok(
+            &data,
+            "SELECT id, amount FROM lake.s.t ORDER BY id NULLS LAST"
+        ),
+        "id,amount\n1,0.0\n2,2.0\n4,0.0\n,0.0\n"
+    );
+    // Refused, naming the problem.
+    let e = err(
+        &data,
+        "MERGE INTO lake.s.t t USING (SELECT 1 AS id) s ON t.id = s.id \
+         WHEN MATCHED THEN INSERT VALUES (1, 'x', 1.0)",
+    );
+    assert!(e.contains("INSERT is not allowed in a MATCHED"), "{e}");
+    let e = err(
+        &data,
+        "MERGE INTO lake.s.t t USING (SELECT 1 AS id) s ON t.id = s.id \
+         WHEN MATCHED THEN UPDATE SET nope = 1",
+    );
+    assert!(e.contains("no column `nope`"), "{e}");
+    let e = err(
+        &data,
+        "MERGE INTO tpch.tiny.nation t USING (SELECT 1 AS id) s ON t.n_nationkey = s.id \
+         WHEN MATCHED THEN DELETE",
+    );
+    assert!(e.contains("Iceberg tables only"), "{e}");
+    let e = err(
+        &data,
+        "MERGE INTO lake.s.t t USING (VALUES (1), (1)) s(id) ON t.id = s.id \
+         WHEN MATCHED THEN UPDATE SET amount = 7",
+    );
+    assert!(e.contains("more than one source row"), "{e}");
+    assert_eq!(
+        ok(&data, "SELECT sum(amount) AS s FROM lake.s.t"),
+        "s\n2.0\n"
+    );
     let _ = std::fs::remove_dir_all(&data);
 }
 

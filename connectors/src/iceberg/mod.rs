@@ -13,6 +13,7 @@ mod commit;
 mod ddl;
 mod delete;
 mod maintenance;
+mod merge;
 mod metadata_tables;
 mod parquet_props;
 mod rewrite;
@@ -33,6 +34,7 @@ pub use ddl::{
 };
 pub use delete::{IcebergDeleteExec, by_whole_files};
 pub use maintenance::{IcebergProcedure, IcebergProcedureExec, Procedure, parse_timestamp};
+pub use merge::{IcebergMergeCommitExec, IcebergMergeNode};
 pub use metadata_tables::MetadataTableKind;
 pub use rewrite::{
     IcebergRewriteExec, IcebergRewriteNode, IcebergRowChangeExec, RewriteSpec, RowChange,
@@ -40,10 +42,12 @@ pub use rewrite::{
 };
 pub use scan::{IcebergScanExec, ScanPlanStats, ScanSpec};
 pub use storage::{BasinStorage, BasinStorageFactory};
-pub use table::{IcebergTableProvider, IcebergTableSpec, TableVersion, balance};
+pub use table::{
+    IcebergTableProvider, IcebergTableSpec, ROW_FILE_COLUMN, ROW_POS_COLUMN, TableVersion, balance,
+};
 pub use write::{
     COMMIT_ID_PROPERTY, IcebergCommitExec, IcebergWriteExec, IcebergWriteNode, IcebergWritePlanner,
-    Overwrite, WriteSpec,
+    MERGE_ACTION_COLUMN, MERGE_FILE_COLUMN, MERGE_MATCHES_COLUMN, Overwrite, WriteSpec,
 };
 
 /// The Arrow schema a query sees of an Iceberg schema converted by iceberg-rust: strings as

@@ -18,7 +18,7 @@
 
 use std::any::Any;
 use std::cmp::Ordering;
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -26,14 +26,12 @@ use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 
 use base64::Engine;
 use base64::prelude::BASE64_STANDARD;
-use datafusion::arrow::array::{
-    Array, ArrayRef, BooleanArray, RecordBatch, StringArray, UInt64Array,
-};
+use datafusion::arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, UInt64Array};
 use datafusion::arrow::compute::kernels::boolean::not;
 use datafusion::arrow::compute::{
     cast, concat_batches, filter_record_batch, prep_null_mask_filter,
 };
-use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use datafusion::arrow::datatypes::{Schema, SchemaRef};
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{DFSchema, DFSchemaRef};
 use datafusion::datasource::memory::MemorySourceConfig;
@@ -48,7 +46,6 @@ use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
-    execute_stream_partitioned,
 };
 use datafusion_proto::bytes::Serializeable;
 use futures::{StreamExt, TryStreamExt};
@@ -56,7 +53,7 @@ use iceberg::TableIdent;
 use iceberg::arrow::schema_to_arrow_schema;
 use iceberg::expr::Predicate;
 use iceberg::scan::FileScanTask;
-use iceberg::spec::{DataFile, Operation, deserialize_data_file_from_json};
+use iceberg::spec::{DataFile, Operation};
 use iceberg::table::Table;
 use iceberg_datafusion::physical_plan::convert_filters_to_predicate;
 use serde::{Deserialize, Serialize};
@@ -65,7 +62,10 @@ use super::catalog::{IcebergCatalog, error_text};
 use super::commit::replace_files;
 use super::scan::{IcebergScanExec, ScanSpec};
 use super::table::{IcebergTableSpec, balance};
-use super::write::{COMMIT_ID_PROPERTY, WriteSpec, count_schema, write_files};
+use super::write::{
+    COMMIT_ID_PROPERTY, WriteSpec, Written, count_schema, data_files_schema, deserialize_files,
+    write_files,
+};
 
 /// What a statement changes in the rows it matches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -369,20 +369,6 @@ fn constant_holds(condition: &Expr) -> Result<bool> {
         .is_some_and(|b| b.is_valid(0) && b.value(0)))
 }
 
-/// The columns of a rewrite task's output: a removed file (path) with the rows changed in it,
-/// or an added file (serialized).
-const REMOVED: &str = "removed";
-const ADDED: &str = "added";
-const CHANGED: &str = "changed_rows";
-
-fn rewrite_schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![
-        Field::new(REMOVED, DataType::Utf8, true),
-        Field::new(ADDED, DataType::Utf8, true),
-        Field::new(CHANGED, DataType::UInt64, false),
-    ]))
-}
-
 /// Logical node: rewrite the files of a `DELETE` or `UPDATE` (runs on the executors).
 #[derive(Debug, Clone)]
 pub struct IcebergRewriteNode {
@@ -394,7 +380,7 @@ impl IcebergRewriteNode {
     pub fn new(spec: RewriteSpec) -> Result<Self> {
         Ok(Self {
             spec,
-            schema: Arc::new(DFSchema::try_from(rewrite_schema().as_ref().clone())?),
+            schema: Arc::new(DFSchema::try_from(data_files_schema().as_ref().clone())?),
         })
     }
 }
@@ -460,7 +446,7 @@ pub struct IcebergRewriteExec {
 impl IcebergRewriteExec {
     pub fn new(spec: RewriteSpec) -> Self {
         let properties = Arc::new(PlanProperties::new(
-            EquivalenceProperties::new(rewrite_schema()),
+            EquivalenceProperties::new(data_files_schema()),
             Partitioning::UnknownPartitioning(spec.groups.len().max(1)),
             EmissionType::Final,
             Boundedness::Bounded,
@@ -519,32 +505,15 @@ impl ExecutionPlan for IcebergRewriteExec {
         let spec = self.spec.clone();
         let stream = futures::stream::once(async move {
             let (removed, added, changed) = rewrite(&spec, partition, tasks, context).await?;
-            let mut removed_col: Vec<Option<String>> = Vec::new();
-            let mut added_col: Vec<Option<String>> = Vec::new();
-            let mut changed_col: Vec<u64> = Vec::new();
-            for path in removed {
-                removed_col.push(Some(path));
-                added_col.push(None);
-                changed_col.push(0);
+            Written {
+                added,
+                removed: removed.into_iter().collect(),
+                changed,
             }
-            for file in added {
-                removed_col.push(None);
-                added_col.push(Some(file));
-                changed_col.push(0);
-            }
-            // The count travels on a row of its own.
-            removed_col.push(None);
-            added_col.push(None);
-            changed_col.push(changed);
-            let columns: Vec<ArrayRef> = vec![
-                Arc::new(StringArray::from(removed_col)),
-                Arc::new(StringArray::from(added_col)),
-                Arc::new(UInt64Array::from(changed_col)),
-            ];
-            Ok(RecordBatch::try_new(rewrite_schema(), columns)?)
+            .into_batch()
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
-            rewrite_schema(),
+            data_files_schema(),
             stream,
         )))
     }
@@ -575,6 +544,7 @@ fn read_file(
         stats: Default::default(),
         by_name: None,
         filter: None,
+        row_identity: false,
     })?;
     scan.execute(0, context.clone())
 }
@@ -749,10 +719,12 @@ pub struct IcebergRowChangeExec {
 
 /// What a statement read, for the isolation check at its commit.
 #[derive(Debug)]
-struct ReadState {
-    snapshot: i64,
-    candidates: HashSet<String>,
-    predicate: Option<Predicate>,
+pub(super) struct ReadState {
+    pub(super) snapshot: i64,
+    /// The files it may have changed; `predicate` matches no other file of its snapshot.
+    pub(super) candidates: HashSet<String>,
+    /// `None`: any file.
+    pub(super) predicate: Option<Predicate>,
 }
 
 impl IcebergRowChangeExec {
@@ -851,36 +823,17 @@ impl ExecutionPlan for IcebergRowChangeExec {
         let write = self.write.clone();
         let read = self.read.clone();
         let stream = futures::stream::once(async move {
-            let mut removed: HashSet<String> = HashSet::new();
-            let mut added: Vec<String> = Vec::new();
-            let mut changed = 0u64;
-            for stream in execute_stream_partitioned(input, context)? {
-                let batches: Vec<RecordBatch> = stream.try_collect().await?;
-                for batch in batches {
-                    let strings = |i: usize| {
-                        batch
-                            .column(i)
-                            .as_any()
-                            .downcast_ref::<StringArray>()
-                            .cloned()
-                            .ok_or_else(|| {
-                                DataFusionError::Internal("bad rewrite output".to_string())
-                            })
-                    };
-                    let counts = batch
-                        .column(2)
-                        .as_any()
-                        .downcast_ref::<UInt64Array>()
-                        .cloned()
-                        .ok_or_else(|| {
-                            DataFusionError::Internal("bad rewrite output".to_string())
-                        })?;
-                    removed.extend(strings(0)?.iter().flatten().map(str::to_string));
-                    added.extend(strings(1)?.iter().flatten().map(str::to_string));
-                    changed += counts.values().iter().sum::<u64>();
-                }
-            }
-            commit_rewrite(&catalog, &ident, &write, &read, removed, added).await?;
+            let written = Written::collect(input, context).await?;
+            let changed = written.changed;
+            commit_rewrite(
+                &catalog,
+                &ident,
+                &write,
+                &read,
+                written.removed,
+                written.added,
+            )
+            .await?;
             let array: ArrayRef = Arc::new(UInt64Array::from(vec![changed]));
             Ok(RecordBatch::try_new(count_schema(), vec![array])?)
         });
@@ -897,12 +850,12 @@ impl ExecutionPlan for IcebergRowChangeExec {
 /// in between was an append and none of the files they added may hold a row the condition
 /// matches (by partition values and column bounds); anything else fails as a conflict naming
 /// the other snapshot, and nothing is committed. Up to [`COMMIT_ATTEMPTS`] races are retried.
-async fn commit_rewrite(
+pub(super) async fn commit_rewrite(
     catalog: &Arc<IcebergCatalog>,
     ident: &TableIdent,
     write: &WriteSpec,
     read: &ReadState,
-    removed: HashSet<String>,
+    removed: BTreeSet<String>,
     added: Vec<String>,
 ) -> Result<()> {
     let qualified = write.table.clone();
@@ -911,18 +864,7 @@ async fn commit_rewrite(
     }
     let metadata = &write.metadata;
     let spec_id = metadata.default_partition_spec_id();
-    let partition_type = metadata.default_partition_type().clone();
-    let schema = metadata.current_schema().clone();
-    let files: Vec<DataFile> = added
-        .iter()
-        .map(|json| deserialize_data_file_from_json(json, spec_id, &partition_type, &schema))
-        .collect::<iceberg::Result<_>>()
-        .map_err(|e| {
-            DataFusionError::Internal(format!(
-                "cannot read the files written to `{qualified}`: {}",
-                error_text(&e)
-            ))
-        })?;
+    let files: Vec<DataFile> = deserialize_files(write, &added)?;
     let paths: Vec<String> = files.iter().map(|f| f.file_path().to_string()).collect();
     let mut attempt = 0;
     let result = loop {

@@ -87,6 +87,10 @@ pub struct ScanSpec {
     /// and pages on the by-name path.
     #[serde(default)]
     pub filter: Option<String>,
+    /// Each output row carries its file and ordinal (`ROW_FILE_COLUMN`, `ROW_POS_COLUMN`);
+    /// files are whole and read one at a time, without row filters.
+    #[serde(default)]
+    pub row_identity: bool,
 }
 
 impl fmt::Debug for ScanSpec {
@@ -143,7 +147,25 @@ impl IcebergScanExec {
             .map_err(|e| DataFusionError::Internal(format!("bad Iceberg schema in plan: {e}")))?;
         let full = schema_to_arrow_schema(&iceberg_schema)
             .map_err(|e| DataFusionError::Plan(error_text(&e)))?;
-        let full = super::query_schema(&full);
+        let mut full = super::query_schema(&full);
+        if spec.row_identity {
+            use datafusion::arrow::datatypes::{DataType, Field};
+            let mut fields: Vec<Field> = full.fields().iter().map(|f| f.as_ref().clone()).collect();
+            fields.push(Field::new(
+                super::table::ROW_FILE_COLUMN,
+                DataType::Utf8,
+                false,
+            ));
+            fields.push(Field::new(
+                super::table::ROW_POS_COLUMN,
+                DataType::UInt64,
+                false,
+            ));
+            full = datafusion::arrow::datatypes::Schema::new_with_metadata(
+                fields,
+                full.metadata().clone(),
+            );
+        }
         let indices = spec
             .output_fields
             .iter()
@@ -213,6 +235,87 @@ impl IcebergScanExec {
 
     /// Batches as this scan's schema says (the files' field metadata dropped, no columns for
     /// `count(*)`), at most `limit` rows.
+    /// Reads `tasks` one file at a time, each whole, and adds each row's file and ordinal.
+    fn execute_with_row_identity(
+        &self,
+        tasks: Vec<FileScanTask>,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        use datafusion::arrow::array::{ArrayRef, StringArray, UInt64Array};
+        let file_io = FileIOBuilder::new(Arc::new(BasinStorageFactory))
+            .with_props(self.spec.file_io.clone())
+            .build();
+        let runtime = iceberg::Runtime::try_current()
+            .map_err(|e| DataFusionError::Execution(error_text(&e)))?;
+        let batch_size = context.session_config().batch_size();
+        let schema = self.schema.clone();
+        // Where each output column comes from: a column read (its index), or the identity.
+        let read_columns = if self.spec.read_no_columns {
+            Vec::new()
+        } else {
+            self.spec.columns.clone()
+        };
+        let sources: Vec<Option<usize>> = self
+            .spec
+            .output_fields
+            .iter()
+            .map(|name| read_columns.iter().position(|c| c == name))
+            .collect();
+        let table = self.spec.table.clone();
+        let streams = tasks.into_iter().map(move |task| {
+            let path = task.data_file_path.clone();
+            let reader = ArrowReaderBuilder::new(file_io.clone(), runtime.clone())
+                .with_batch_size(batch_size)
+                .with_data_file_concurrency_limit(1)
+                .build();
+            let schema = schema.clone();
+            let sources = sources.clone();
+            let table = table.clone();
+            let mut next = 0u64;
+            let fail = move |e: iceberg::Error| {
+                DataFusionError::Execution(format!("cannot read `{table}`: {}", error_text(&e)))
+            };
+            let stream = match reader.read(Box::pin(futures::stream::iter([Ok(task)]))) {
+                Ok(s) => s.stream().map_err(fail).boxed(),
+                Err(e) => futures::stream::once(async move { Err(fail(e)) }).boxed(),
+            };
+            stream.map(move |batch| {
+                let batch = batch?;
+                let rows = batch.num_rows();
+                let columns = sources
+                    .iter()
+                    .zip(schema.fields())
+                    .map(|(source, field)| {
+                        let column: ArrayRef = match source {
+                            Some(i) => batch.column(*i).clone(),
+                            None if field.name() == super::table::ROW_FILE_COLUMN => {
+                                Arc::new(StringArray::from(vec![path.as_str(); rows]))
+                            }
+                            None => {
+                                Arc::new(UInt64Array::from_iter_values(next..next + rows as u64))
+                            }
+                        };
+                        if column.data_type() == field.data_type() {
+                            Ok(column)
+                        } else {
+                            cast(&column, field.data_type()).map_err(DataFusionError::from)
+                        }
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                next += rows as u64;
+                Ok(RecordBatch::try_new_with_options(
+                    schema.clone(),
+                    columns,
+                    &RecordBatchOptions::new().with_row_count(Some(rows)),
+                )?)
+            })
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema.clone(),
+            futures::stream::iter(streams).flatten(),
+        )))
+    }
+
     fn conform(
         &self,
         partition: usize,
@@ -381,6 +484,9 @@ impl ExecutionPlan for IcebergScanExec {
         let files = MetricBuilder::new(&self.metrics).counter("files_scanned", partition);
         files.add(tasks.len());
         bytes.add(tasks.iter().map(|t| t.length as usize).sum());
+        if self.spec.row_identity {
+            return self.execute_with_row_identity(tasks, context);
+        }
         if let Some(by_name) = &self.spec.by_name {
             let stream = super::by_name::execute(
                 &self.spec,
@@ -604,6 +710,7 @@ mod tests {
                 ids_optional: false,
             }),
             filter: None,
+            row_identity: false,
         };
         (IcebergScanExec::try_new(spec).unwrap(), dir)
     }

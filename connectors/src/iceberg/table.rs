@@ -150,7 +150,17 @@ pub struct IcebergTableSpec {
     /// True when the query asked for an older version (the table is then read-only).
     pub time_travel: bool,
     pub options: IcebergOptions,
+    /// The table read with each row's identity ([`ROW_FILE_COLUMN`], [`ROW_POS_COLUMN`]):
+    /// the target of a `MERGE`.
+    #[serde(default)]
+    pub row_identity: bool,
 }
+
+/// With `row_identity`: the data file a row was read from…
+pub const ROW_FILE_COLUMN: &str = "__basin_file";
+/// …and its ordinal among the rows read from that file (deletes applied: stable for one
+/// snapshot, as the same file with the same delete files reads in the same order).
+pub const ROW_POS_COLUMN: &str = "__basin_pos";
 
 impl IcebergTableSpec {
     pub fn qualified_name(&self) -> String {
@@ -235,6 +245,32 @@ impl IcebergTableSpec {
                 error_text(&e)
             ))
         })
+    }
+
+    /// The columns a query sees: the table's, then the row identity when asked for.
+    pub fn provider_schema(&self) -> Result<SchemaRef> {
+        let schema = self.arrow_schema()?;
+        if !self.row_identity {
+            return Ok(schema);
+        }
+        let mut fields: Vec<datafusion::arrow::datatypes::FieldRef> =
+            schema.fields().iter().cloned().collect();
+        fields.push(Arc::new(datafusion::arrow::datatypes::Field::new(
+            ROW_FILE_COLUMN,
+            datafusion::arrow::datatypes::DataType::Utf8,
+            false,
+        )));
+        fields.push(Arc::new(datafusion::arrow::datatypes::Field::new(
+            ROW_POS_COLUMN,
+            datafusion::arrow::datatypes::DataType::UInt64,
+            false,
+        )));
+        Ok(Arc::new(
+            datafusion::arrow::datatypes::Schema::new_with_metadata(
+                fields,
+                schema.metadata().clone(),
+            ),
+        ))
     }
 
     /// The Arrow schema of the version read.
@@ -381,8 +417,9 @@ impl IcebergTableProvider {
             snapshot_id,
             time_travel: version.is_some(),
             options: catalog.options(),
+            row_identity: false,
         };
-        let schema = spec.arrow_schema()?;
+        let schema = spec.provider_schema()?;
         Ok(Self {
             spec,
             schema,
@@ -392,7 +429,7 @@ impl IcebergTableProvider {
 
     /// A table rebuilt from its spec (scheduler side).
     pub fn from_spec(spec: IcebergTableSpec) -> Result<Self> {
-        let schema = spec.arrow_schema()?;
+        let schema = spec.provider_schema()?;
         Ok(Self {
             spec,
             schema,
@@ -402,6 +439,17 @@ impl IcebergTableProvider {
 
     pub fn schema_ref(&self) -> SchemaRef {
         self.schema.clone()
+    }
+
+    /// The same table read with each row's identity (the target of a `MERGE`).
+    pub fn with_row_identity(&self) -> Result<Self> {
+        let mut spec = self.spec.clone();
+        spec.row_identity = true;
+        Ok(Self {
+            schema: spec.provider_schema()?,
+            spec,
+            catalog: self.catalog.clone(),
+        })
     }
 
     pub fn spec(&self) -> &IcebergTableSpec {
@@ -426,10 +474,12 @@ impl IcebergTableProvider {
             Some(p) => Arc::new(self.schema.project(p)?),
             None => self.schema.clone(),
         };
+        let identity = self.spec.row_identity;
         let mut columns: Vec<String> = output_schema
             .fields()
             .iter()
             .map(|f| f.name().clone())
+            .filter(|n| !identity || (n != ROW_FILE_COLUMN && n != ROW_POS_COLUMN))
             .collect();
         // count(*) reads no column: read the first one and drop it.
         let read_no_columns = columns.is_empty();
@@ -499,8 +549,10 @@ impl IcebergTableProvider {
             column_bytes = columns.as_ref().and_then(|c| c.bytes);
             column_stats = columns.map(|c| c.statistics);
             let bytes = tasks.iter().map(|t| t.length).sum();
-            if tasks.len()
-                < wanted_partitions(bytes, self.spec.options.split_size, target_partitions)
+            // Row identities are per whole file: files are not split.
+            if !identity
+                && tasks.len()
+                    < wanted_partitions(bytes, self.spec.options.split_size, target_partitions)
             {
                 row_groups =
                     row_group_offsets(&table, &self.spec.metadata, snapshot_id, &planned).await;
@@ -520,14 +572,24 @@ impl IcebergTableProvider {
             delete_files: tasks.iter().map(|t| t.deletes.len() as u64).sum(),
             predicate: predicate.map(|p| p.to_string()),
         };
-        let by_name = by_name_fields(
-            &self.spec.metadata,
-            &version_schema,
-            &columns,
-            filters,
-            &tasks,
-        );
+        let by_name = if identity {
+            None
+        } else {
+            by_name_fields(
+                &self.spec.metadata,
+                &version_schema,
+                &columns,
+                filters,
+                &tasks,
+            )
+        };
         let filter = by_name.as_ref().and_then(|_| encode_filters(filters));
+        if identity {
+            // A MERGE rewrites whole files from these rows: each file is read whole.
+            for task in &mut tasks {
+                task.predicate = None;
+            }
+        }
         let groups = balance(
             tasks,
             &row_groups,
@@ -556,6 +618,7 @@ impl IcebergTableProvider {
             stats,
             by_name,
             filter,
+            row_identity: identity,
         })?;
         Ok(exec.with_column_statistics(column_stats))
     }

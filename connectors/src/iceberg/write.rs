@@ -63,13 +63,111 @@ pub const COMMIT_ID_PROPERTY: &str = "basin.commit-id";
 /// The column of the write stage's output: one serialized data file per row.
 pub const DATA_FILE_COLUMN: &str = "data_file";
 
-fn data_files_schema() -> SchemaRef {
-    Arc::new(Schema::new(vec![Field::new(
-        DATA_FILE_COLUMN,
-        DataType::Utf8,
-        false,
-    )]))
+/// A `MERGE` write's output beside the files: the target's files it rewrote…
+const REMOVED_COLUMN: &str = "removed";
+/// …and the rows it inserted, updated or deleted.
+const CHANGED_COLUMN: &str = "changed_rows";
+
+pub(super) fn data_files_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new(DATA_FILE_COLUMN, DataType::Utf8, true),
+        Field::new(REMOVED_COLUMN, DataType::Utf8, true),
+        Field::new(CHANGED_COLUMN, DataType::UInt64, true),
+    ]))
 }
+
+/// What writers report: the files they added (serialized), the table's files they replace
+/// (paths), and the rows they changed (for statements that count changes, not rows written).
+#[derive(Debug, Default)]
+pub(super) struct Written {
+    pub(super) added: Vec<String>,
+    pub(super) removed: std::collections::BTreeSet<String>,
+    pub(super) changed: u64,
+}
+
+impl Written {
+    /// As one batch of [`data_files_schema`]: a row per file, the count on a row of its own.
+    pub(super) fn into_batch(self) -> Result<RecordBatch> {
+        let mut added: Vec<Option<String>> = self.added.into_iter().map(Some).collect();
+        let mut removed: Vec<Option<String>> = vec![None; added.len()];
+        for path in self.removed {
+            added.push(None);
+            removed.push(Some(path));
+        }
+        added.push(None);
+        removed.push(None);
+        let mut changed: Vec<Option<u64>> = vec![None; added.len() - 1];
+        changed.push(Some(self.changed));
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(StringArray::from(added)),
+            Arc::new(StringArray::from(removed)),
+            Arc::new(UInt64Array::from(changed)),
+        ];
+        Ok(RecordBatch::try_new(data_files_schema(), columns)?)
+    }
+
+    /// Everything the partitions of `input` (writers) report.
+    pub(super) async fn collect(
+        input: Arc<dyn ExecutionPlan>,
+        context: Arc<TaskContext>,
+    ) -> Result<Self> {
+        let bad = || DataFusionError::Internal("bad output of an Iceberg writer".to_string());
+        let mut written = Self::default();
+        for stream in execute_stream_partitioned(input, context)? {
+            let batches: Vec<RecordBatch> = stream.try_collect().await?;
+            for batch in batches {
+                let strings = |i: usize| {
+                    batch
+                        .column(i)
+                        .as_any()
+                        .downcast_ref::<StringArray>()
+                        .cloned()
+                        .ok_or_else(bad)
+                };
+                written
+                    .added
+                    .extend(strings(0)?.iter().flatten().map(str::to_string));
+                written
+                    .removed
+                    .extend(strings(1)?.iter().flatten().map(str::to_string));
+                let counts = batch
+                    .column(2)
+                    .as_any()
+                    .downcast_ref::<UInt64Array>()
+                    .ok_or_else(bad)?;
+                written.changed += counts.iter().flatten().sum::<u64>();
+            }
+        }
+        Ok(written)
+    }
+}
+
+/// The data files a statement wrote, read back from their serialized form.
+pub(super) fn deserialize_files(spec: &WriteSpec, files: &[String]) -> Result<Vec<DataFile>> {
+    let metadata = &spec.metadata;
+    let spec_id = metadata.default_partition_spec_id();
+    let partition_type = metadata.default_partition_type();
+    let schema = metadata.current_schema();
+    files
+        .iter()
+        .map(|json| deserialize_data_file_from_json(json, spec_id, partition_type, schema))
+        .collect::<iceberg::Result<_>>()
+        .map_err(|e| {
+            DataFusionError::Internal(format!(
+                "cannot read the files written to `{}`: {}",
+                spec.table,
+                error_text(&e)
+            ))
+        })
+}
+
+/// In a `MERGE` write, after the table's columns: the target file of the row (NULL for an
+/// inserted row)…
+pub const MERGE_FILE_COLUMN: &str = super::table::ROW_FILE_COLUMN;
+/// …what happens to it: 0 kept as it is, 1 updated, 2 deleted, 3 inserted…
+pub const MERGE_ACTION_COLUMN: &str = "__basin_action";
+/// …and how many source rows matched its target row (more than one fails the statement).
+pub const MERGE_MATCHES_COLUMN: &str = "__basin_matches";
 
 /// What the executors need to write files for one statement.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -82,6 +180,11 @@ pub struct WriteSpec {
     pub target_file_size: u64,
     /// Unique per statement: the prefix of every file name it writes.
     pub write_id: String,
+    /// A `MERGE`: the input carries [`MERGE_FILE_COLUMN`], [`MERGE_ACTION_COLUMN`] and
+    /// [`MERGE_MATCHES_COLUMN`] after the table's columns, and only rows of the target files
+    /// it changes (and inserted rows).
+    #[serde(default)]
+    pub merge: bool,
 }
 
 impl WriteSpec {
@@ -98,6 +201,7 @@ impl WriteSpec {
             file_io: table.file_io.clone(),
             target_file_size: target,
             write_id: uuid::Uuid::now_v7().to_string(),
+            merge: false,
         }
     }
 }
@@ -334,15 +438,107 @@ impl ExecutionPlan for IcebergWriteExec {
         let spec = self.spec.clone();
         let task = format!("{}-{partition:05}", spec.write_id);
         let stream = futures::stream::once(async move {
-            let files = write_files(&spec, &task, input).await?;
-            let array: ArrayRef = Arc::new(StringArray::from(files));
-            Ok(RecordBatch::try_new(data_files_schema(), vec![array])?)
+            let (input, merged) = if spec.merge {
+                let (input, merged) = merge_input(&spec, input)?;
+                (input, Some(merged))
+            } else {
+                (input, None)
+            };
+            let added = write_files(&spec, &task, input).await?;
+            let mut written = Written {
+                added,
+                ..Default::default()
+            };
+            if let Some(merged) = merged {
+                let mut merged = merged.lock().unwrap_or_else(|e| e.into_inner());
+                written.removed = std::mem::take(&mut merged.files);
+                written.changed = merged.changed;
+            }
+            written.into_batch()
         });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             data_files_schema(),
             stream,
         )))
     }
+}
+
+/// What a `MERGE` task saw: the target files it rewrites, the rows it changed.
+#[derive(Debug, Default)]
+struct Merged {
+    files: std::collections::BTreeSet<String>,
+    changed: u64,
+}
+
+/// A `MERGE` task's input as the rows to write (the table's columns; deleted rows dropped),
+/// recording the files it rewrites and the rows it changes; fails on a target row matched
+/// by more than one source row.
+fn merge_input(
+    spec: &WriteSpec,
+    input: SendableRecordBatchStream,
+) -> Result<(SendableRecordBatchStream, Arc<std::sync::Mutex<Merged>>)> {
+    use datafusion::arrow::array::{Array, AsArray};
+    use datafusion::arrow::compute::filter_record_batch;
+    use datafusion::arrow::datatypes::{Int32Type, Int64Type};
+    let schema = input.schema();
+    let columns = spec.metadata.current_schema().as_struct().fields().len();
+    let find = |name: &str| {
+        schema.index_of(name).map_err(|_| {
+            DataFusionError::Internal(format!("a MERGE write's input has no column {name}"))
+        })
+    };
+    let (file_at, action_at, matches_at) = (
+        find(MERGE_FILE_COLUMN)?,
+        find(MERGE_ACTION_COLUMN)?,
+        find(MERGE_MATCHES_COLUMN)?,
+    );
+    let output = Arc::new(schema.project(&(0..columns).collect::<Vec<_>>())?);
+    let merged = Arc::new(std::sync::Mutex::new(Merged::default()));
+    let seen = merged.clone();
+    let table = spec.table.clone();
+    let projection: Vec<usize> = (0..columns).collect();
+    let stream = input.map(move |batch| {
+        let batch = batch?;
+        let files = batch.column(file_at).as_string_opt::<i32>().cloned();
+        let actions = cast(batch.column(action_at), &DataType::Int32)?;
+        let actions = actions.as_primitive::<Int32Type>();
+        let matches = cast(batch.column(matches_at), &DataType::Int64)?;
+        let matches = matches.as_primitive::<Int64Type>();
+        if matches.iter().flatten().any(|m| m > 1) {
+            return Err(DataFusionError::Execution(format!(
+                "MERGE INTO `{table}`: a target row matched more than one source row (the SQL \
+                 standard's cardinality rule); nothing was committed. Make the ON condition \
+                 match at most one source row per target row, e.g. by deduplicating the source"
+            )));
+        }
+        let mut merged = seen.lock().unwrap_or_else(|e| e.into_inner());
+        let mut keep = Vec::with_capacity(batch.num_rows());
+        for row in 0..batch.num_rows() {
+            let action = if actions.is_null(row) {
+                0
+            } else {
+                actions.value(row)
+            };
+            if (1..=3).contains(&action) {
+                merged.changed += 1;
+            }
+            if let Some(files) = &files
+                && files.is_valid(row)
+                && !merged.files.contains(files.value(row))
+            {
+                merged.files.insert(files.value(row).to_string());
+            }
+            keep.push(action != 2);
+        }
+        drop(merged);
+        let kept =
+            filter_record_batch(&batch, &datafusion::arrow::array::BooleanArray::from(keep))?;
+        Ok(kept.project(&projection)?)
+    });
+    Ok((
+        Box::pin(RecordBatchStreamAdapter::new(output, stream)),
+        merged,
+    ))
 }
 
 /// Writes one input stream into data files; returns them serialized.
@@ -577,20 +773,7 @@ impl ExecutionPlan for IcebergCommitExec {
         let spec = self.spec.clone();
         let overwrite = self.overwrite;
         let stream = futures::stream::once(async move {
-            let mut files: Vec<String> = Vec::new();
-            for stream in execute_stream_partitioned(input, context)? {
-                let batches: Vec<RecordBatch> = stream.try_collect().await?;
-                for batch in batches {
-                    let column = batch
-                        .column(0)
-                        .as_any()
-                        .downcast_ref::<StringArray>()
-                        .ok_or_else(|| {
-                            DataFusionError::Internal("bad data file column".to_string())
-                        })?;
-                    files.extend(column.iter().flatten().map(str::to_string));
-                }
-            }
+            let files = Written::collect(input, context).await?.added;
             let rows = match overwrite {
                 None => commit(&catalog, &ident, &spec, files).await?,
                 Some(o) => commit_overwrite(&catalog, &ident, &spec, files, o).await?,
@@ -618,18 +801,8 @@ pub async fn commit(
     let table_name = spec.table.clone();
     let metadata = spec.metadata.clone();
     let spec_id = metadata.default_partition_spec_id();
-    let partition_type = metadata.default_partition_type().clone();
     let schema = metadata.current_schema().clone();
-    let data_files: Vec<DataFile> = files
-        .iter()
-        .map(|json| deserialize_data_file_from_json(json, spec_id, &partition_type, &schema))
-        .collect::<iceberg::Result<_>>()
-        .map_err(|e| {
-            DataFusionError::Internal(format!(
-                "cannot read the files written to `{table_name}`: {}",
-                error_text(&e)
-            ))
-        })?;
+    let data_files = deserialize_files(spec, &files)?;
     let rows: u64 = data_files.iter().map(|f| f.record_count()).sum();
     if data_files.is_empty() {
         return Ok(0);
@@ -687,18 +860,7 @@ async fn commit_overwrite(
     let qualified = spec.table.clone();
     let metadata = spec.metadata.clone();
     let spec_id = metadata.default_partition_spec_id();
-    let partition_type = metadata.default_partition_type().clone();
-    let schema = metadata.current_schema().clone();
-    let data_files: Vec<DataFile> = files
-        .iter()
-        .map(|json| deserialize_data_file_from_json(json, spec_id, &partition_type, &schema))
-        .collect::<iceberg::Result<_>>()
-        .map_err(|e| {
-            DataFusionError::Internal(format!(
-                "cannot read the files written to `{qualified}`: {}",
-                error_text(&e)
-            ))
-        })?;
+    let data_files = deserialize_files(spec, &files)?;
     let rows: u64 = data_files.iter().map(|f| f.record_count()).sum();
     let partitioned = !metadata.default_partition_spec().is_unpartitioned();
     let partitions: Vec<iceberg::spec::Struct> =
