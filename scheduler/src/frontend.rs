@@ -21,12 +21,13 @@ use basin_connectors::iceberg::{
     IcebergAlterTable, IcebergCommitExec, IcebergCreateTable, IcebergDdl, IcebergDdlExec,
     IcebergDeleteExec, IcebergMergeCommitExec, IcebergMergeNode, IcebergProcedure,
     IcebergProcedureExec, IcebergRewriteNode, IcebergRowChangeExec, IcebergTableProvider,
-    IcebergWriteNode, Overwrite, RowChange, WriteSpec, by_whole_files, no_change, plan_rewrite,
-    row_change_plan,
+    IcebergWriteNode, Overwrite, Procedure, RowChange, WriteSpec, by_whole_files, no_change,
+    plan_optimize, plan_rewrite, row_change_plan,
 };
 use basin_connectors::portable::portable_plan;
 use basin_connectors::remote::RemotePushdown;
 use basin_core::BasinConfig;
+use datafusion::common::DFSchema;
 use datafusion::common::format::ExplainFormat;
 use datafusion::config::OptimizerOptions;
 use datafusion::datasource::{MemTable, source_as_provider};
@@ -251,6 +252,16 @@ impl BasinQueryPlanner {
                     ))));
                 }
                 if let Some(node) = ext.node.as_any().downcast_ref::<IcebergProcedure>() {
+                    if let Procedure::Optimize {
+                        file_size_threshold,
+                        filter,
+                    } = &node.procedure
+                    {
+                        return self
+                            .plan_optimize(node, *file_size_threshold, filter.as_deref(), state)
+                            .await
+                            .map(Some);
+                    }
                     return Ok(Some(Arc::new(IcebergProcedureExec::new(node.clone()))));
                 }
                 if let Some(node) = ext.node.as_any().downcast_ref::<IcebergMergeNode>() {
@@ -375,6 +386,49 @@ impl BasinQueryPlanner {
 }
 
 impl BasinQueryPlanner {
+    /// `optimize`: the small files of each partition rewritten by a distributed job, then one
+    /// commit replacing them (see `basin_connectors::iceberg::plan_optimize`).
+    async fn plan_optimize(
+        &self,
+        node: &IcebergProcedure,
+        threshold: u64,
+        filter: Option<&str>,
+        state: &SessionState,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let table = node.catalog.load_table(&node.ident).await?;
+        let provider = IcebergTableProvider::new(node.catalog.clone(), table, None)?;
+        let filter = match filter {
+            None => None,
+            Some(text) => {
+                let schema = DFSchema::try_from(provider.schema_ref().as_ref().clone())?;
+                let expr = state
+                    .create_logical_expr(text, &schema)
+                    .map_err(|e| e.context(format!("optimize: the filter `{text}`")))?;
+                Some(expr)
+            }
+        };
+        let (Some(read_snapshot), Some(spec)) = (
+            provider.spec().snapshot_id,
+            plan_optimize(provider.spec(), filter.as_ref(), threshold).await?,
+        ) else {
+            return no_change();
+        };
+        let rewrite = LogicalPlan::Extension(Extension {
+            node: Arc::new(IcebergRewriteNode::new(spec.clone())?),
+        });
+        let job = self
+            .distributed
+            .create_physical_plan(&rewrite, state)
+            .await?;
+        Ok(Arc::new(IcebergRowChangeExec::new(
+            node.catalog.clone(),
+            node.ident.clone(),
+            &spec,
+            read_snapshot,
+            job,
+        )))
+    }
+
     /// A query planned here and streamed from the executors: one stage spread over them, or
     /// a small query whole on one of them. `None` when it runs as a Ballista job (exchanges
     /// over too much data, no executor yet, or a plan that cannot travel).

@@ -79,7 +79,18 @@ pub enum Procedure {
     SetCurrentSnapshot {
         snapshot_id: i64,
     },
+    /// Compaction: in each partition with more than one data file under the threshold (or
+    /// with delete files), those files rewritten into files of the target size. Planned by
+    /// the front end as a distributed rewrite.
+    Optimize {
+        file_size_threshold: u64,
+        /// Only files that may hold rows for which this SQL condition holds.
+        filter: Option<String>,
+    },
 }
+
+/// Trino's default `file_size_threshold` of `optimize`.
+pub const DEFAULT_OPTIMIZE_THRESHOLD: u64 = 100 << 20;
 
 impl Procedure {
     /// The procedure `name` with its named arguments (`argument => value`, values as written
@@ -100,10 +111,12 @@ impl Procedure {
                 "allow_short_retention",
             ],
             "rollback_to_snapshot" | "set_current_snapshot" => &["snapshot_id"],
+            "optimize" => &["file_size_threshold", "filter"],
             other => {
                 return Err(DataFusionError::Plan(format!(
                     "unknown table procedure `{other}`: Basin has expire_snapshots, \
-                     remove_orphan_files, rollback_to_snapshot and set_current_snapshot"
+                     remove_orphan_files, rollback_to_snapshot, set_current_snapshot and \
+                     optimize"
                 )));
             }
         };
@@ -121,6 +134,22 @@ impl Procedure {
                     "{name}: argument `{arg}` given twice"
                 )));
             }
+        }
+        if name == "optimize" {
+            let file_size_threshold = match values.get("file_size_threshold") {
+                None => DEFAULT_OPTIMIZE_THRESHOLD,
+                Some(v) => {
+                    v.parse::<basin_core::ByteSize>()
+                        .map_err(|e| {
+                            DataFusionError::Plan(format!("optimize: file_size_threshold: {e}"))
+                        })?
+                        .0
+                }
+            };
+            return Ok(Procedure::Optimize {
+                file_size_threshold,
+                filter: values.get("filter").cloned(),
+            });
         }
         if let "rollback_to_snapshot" | "set_current_snapshot" = name.as_str() {
             let id = values.get("snapshot_id").ok_or_else(|| {
@@ -198,6 +227,7 @@ impl Procedure {
             Procedure::RemoveOrphanFiles { .. } => "remove_orphan_files",
             Procedure::RollbackToSnapshot { .. } => "rollback_to_snapshot",
             Procedure::SetCurrentSnapshot { .. } => "set_current_snapshot",
+            Procedure::Optimize { .. } => "optimize",
         }
     }
 
@@ -219,6 +249,8 @@ impl Procedure {
                     Field::new("current_snapshot_id", DataType::Int64, false),
                 ]))
             }
+            // The rows rewritten.
+            Procedure::Optimize { .. } => super::write::count_schema(),
             _ => Arc::new(Schema::new(vec![
                 Field::new("metric_name", DataType::Utf8, false),
                 Field::new("metric_value", DataType::Int64, false),
@@ -440,6 +472,9 @@ impl ExecutionPlan for IcebergProcedureExec {
                 | Procedure::SetCurrentSnapshot { snapshot_id } => {
                     move_main(&node, table, *snapshot_id).await
                 }
+                Procedure::Optimize { .. } => Err(DataFusionError::Internal(
+                    "optimize is planned by the front end".to_string(),
+                )),
             }
             .map_err(|e| e.context(what))
         });

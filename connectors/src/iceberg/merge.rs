@@ -271,6 +271,7 @@ async fn commit_merge(
         snapshot,
         candidates: HashSet::new(),
         predicate: None,
+        appends_commute: false,
     };
     commit_rewrite(catalog, ident, spec, &read, removed, added).await
 }

@@ -38,7 +38,7 @@ pub use merge::{IcebergMergeCommitExec, IcebergMergeNode};
 pub use metadata_tables::MetadataTableKind;
 pub use rewrite::{
     IcebergRewriteExec, IcebergRewriteNode, IcebergRowChangeExec, RewriteSpec, RowChange,
-    RowChangePlan, no_change, plan_rewrite, row_change_plan,
+    RowChangePlan, no_change, plan_optimize, plan_rewrite, row_change_plan,
 };
 pub use scan::{IcebergScanExec, ScanPlanStats, ScanSpec};
 pub use storage::{BasinStorage, BasinStorageFactory};

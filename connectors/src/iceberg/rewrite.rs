@@ -72,6 +72,8 @@ use super::write::{
 pub enum RowChange {
     Delete,
     Update,
+    /// Every row rewritten as it is (compaction).
+    Optimize,
 }
 
 impl fmt::Display for RowChange {
@@ -79,6 +81,7 @@ impl fmt::Display for RowChange {
         f.write_str(match self {
             RowChange::Delete => "DELETE",
             RowChange::Update => "UPDATE",
+            RowChange::Optimize => "OPTIMIZE",
         })
     }
 }
@@ -165,7 +168,7 @@ pub fn row_change_plan(
         return Err(refuse("with a subquery in its condition".to_string()));
     }
     let values = match (change, values) {
-        (RowChange::Delete, _) => Vec::new(),
+        (RowChange::Delete | RowChange::Optimize, _) => Vec::new(),
         (RowChange::Update, Some(v)) => v.into_iter().map(unnormalize_col).collect(),
         (RowChange::Update, None) => columns
             .fields()
@@ -661,6 +664,7 @@ async fn rewrite(
         let kept = filter_record_batch(&batch, &not(&mask)?)?;
         match change {
             RowChange::Delete => Ok(kept),
+            RowChange::Optimize => Ok(batch),
             RowChange::Update => {
                 let matched = filter_record_batch(&batch, &mask)?;
                 let columns = values
@@ -689,6 +693,97 @@ async fn rewrite(
         .map(|t| t.data_file_path)
         .collect();
     Ok((removed, added, changed.load(AtomicOrdering::Relaxed)))
+}
+
+/// Plans `optimize` on `table`: in each partition (of the files that may match `filter`), the
+/// data files under `threshold` bytes or with delete files, when there are at least two of
+/// them or one with deletes; one task per partition. `None` when nothing needs rewriting.
+pub async fn plan_optimize(
+    table: &IcebergTableSpec,
+    filter: Option<&Expr>,
+    threshold: u64,
+) -> Result<Option<RewriteSpec>> {
+    let qualified = table.qualified_name();
+    let Some(snapshot_id) = table.snapshot_id else {
+        return Ok(None);
+    };
+    let iceberg_table = table.table()?;
+    let mut builder = iceberg_table.scan().snapshot_id(snapshot_id).select_all();
+    if let Some(f) = filter
+        && let Some(p) = convert_filters_to_predicate(&[crate::views::plain_literals(f)?])
+    {
+        builder = builder.with_filter(p);
+    }
+    let planning = |e: iceberg::Error| {
+        DataFusionError::Execution(format!(
+            "cannot plan the files of `{qualified}`: {}",
+            error_text(&e)
+        ))
+    };
+    let tasks: Vec<FileScanTask> = builder
+        .build()
+        .map_err(planning)?
+        .plan_files()
+        .await
+        .map_err(planning)?
+        .try_collect()
+        .await
+        .map_err(planning)?;
+    let mut partitions: std::collections::BTreeMap<String, Vec<FileScanTask>> =
+        std::collections::BTreeMap::new();
+    for task in tasks {
+        if task.file_size_in_bytes >= threshold && task.deletes.is_empty() {
+            continue;
+        }
+        let key = format!(
+            "{:?}/{:?}",
+            task.partition_spec.as_ref().map(|s| s.spec_id()),
+            task.partition
+        );
+        partitions.entry(key).or_default().push(task);
+    }
+    let groups: Vec<Vec<FileScanTask>> = partitions
+        .into_values()
+        .filter(|files| files.len() > 1 || files.iter().any(|t| !t.deletes.is_empty()))
+        .map(|files| {
+            files
+                .into_iter()
+                .map(|mut t| {
+                    t.predicate = None;
+                    t.partition = None;
+                    t.partition_spec = None;
+                    t.name_mapping = None;
+                    t
+                })
+                .collect()
+        })
+        .collect();
+    if groups.is_empty() {
+        return Ok(None);
+    }
+    let schema = table.metadata.current_schema();
+    let values: Vec<Expr> = schema
+        .as_struct()
+        .fields()
+        .iter()
+        .map(|f| Expr::Column(datafusion::common::Column::new_unqualified(&f.name)))
+        .collect();
+    Ok(Some(RewriteSpec {
+        change: RowChange::Optimize,
+        write: WriteSpec::new(table),
+        schema_json: serde_json::to_string(schema.as_ref())
+            .map_err(|e| DataFusionError::Internal(e.to_string()))?,
+        name_mapping: table
+            .metadata
+            .properties()
+            .get("schema.name-mapping.default")
+            .cloned(),
+        groups,
+        condition: None,
+        values: values.iter().map(encode).collect::<Result<_>>()?,
+        shown: format!("files under {threshold} bytes"),
+        predicate: None,
+    }))
 }
 
 /// The result of a statement that changes no row (nothing to read, nothing committed).
@@ -725,6 +820,8 @@ pub(super) struct ReadState {
     pub(super) candidates: HashSet<String>,
     /// `None`: any file.
     pub(super) predicate: Option<Predicate>,
+    /// Concurrent appends never conflict (a compaction changes no row).
+    pub(super) appends_commute: bool,
 }
 
 impl IcebergRowChangeExec {
@@ -755,6 +852,7 @@ impl IcebergRowChangeExec {
                     .map(|t| t.data_file_path.clone())
                     .collect(),
                 predicate: spec.predicate.clone(),
+                appends_commute: spec.change == RowChange::Optimize,
             }),
             input,
             properties,
@@ -962,6 +1060,9 @@ async fn isolation_check(table: &Table, qualified: &str, read: &ReadState) -> Re
         at = snapshot
             .parent_snapshot_id()
             .and_then(|id| metadata.snapshot_by_id(id).cloned());
+    }
+    if read.appends_commute {
+        return Ok(());
     }
     // Only appends: conflict if one added a file the condition may match.
     let mut builder = table
