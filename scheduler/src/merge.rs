@@ -131,10 +131,6 @@ pub async fn plan_merge(
             MergeClauseKind::NotMatched | MergeClauseKind::NotMatchedByTarget
         )
     });
-    let has_matched = merge
-        .clauses
-        .iter()
-        .any(|c| c.clause_kind == MergeClauseKind::Matched);
     let joined_schema = target.schema().join(source.schema())?;
     let expr = |sql: &SqlExpr, schema: &DFSchema| {
         state.create_logical_expr_from_sql_expr(
@@ -303,13 +299,11 @@ pub async fn plan_merge(
     exprs.push(tcol(ROW_FILE_COLUMN).alias(MERGE_FILE_COLUMN));
     exprs.push(tcol(ROW_POS_COLUMN).alias("__basin_pos"));
     exprs.push(action.otherwise(lit(0))?.alias(MERGE_ACTION_COLUMN));
+    // Whatever the clauses: a target row met twice by the join would be written twice.
     exprs.push(
-        if has_matched {
-            when(matched, lit(1i64)).otherwise(lit(0i64))?
-        } else {
-            lit(0i64)
-        }
-        .alias("__basin_m"),
+        when(matched, lit(1i64))
+            .otherwise(lit(0i64))?
+            .alias("__basin_m"),
     );
     let rows = LogicalPlanBuilder::from(with_clause)
         .project(exprs)?

@@ -233,6 +233,13 @@ fn merge_updates_deletes_and_inserts_in_one_snapshot() {
          WHEN MATCHED THEN UPDATE SET amount = 7",
     );
     assert!(e.contains("more than one source row"), "{e}");
+    // Also with no WHEN MATCHED clause: the row would be written twice.
+    let e = err(
+        &data,
+        "MERGE INTO lake.s.t t USING (VALUES (1), (1)) s(id) ON t.id = s.id \
+         WHEN NOT MATCHED BY SOURCE THEN DELETE",
+    );
+    assert!(e.contains("more than one source row"), "{e}");
     assert_eq!(
         ok(&data, "SELECT sum(amount) AS s FROM lake.s.t"),
         "s\n2.0\n"
@@ -477,6 +484,49 @@ fn killed_before_commit_leaves_the_old_snapshot() {
         ok(&data, "SELECT snapshot_id FROM lake.s.\"t$snapshots\""),
         before
     );
+    assert_eq!(ok(&data, "SELECT count(*) AS n FROM lake.s.t"), "n\n25\n");
+    let _ = std::fs::remove_dir_all(&data);
+}
+
+/// UPDATE, DELETE and MERGE killed between writing their files and committing: the table is
+/// unchanged, and `remove_orphan_files` removes what they wrote.
+#[test]
+fn row_changes_killed_before_commit_change_nothing() {
+    let data = scratch_dir("lake-kill-rows");
+    ok(
+        &data,
+        "CREATE SCHEMA lake.s; CREATE TABLE lake.s.t AS SELECT * FROM tpch.tiny.nation",
+    );
+    let before = ok(&data, "SELECT snapshot_id FROM lake.s.\"t$snapshots\"");
+    let parquet = |n: &str| n.ends_with(".parquet");
+    let files = count_files(&data, &parquet);
+    for statement in [
+        "UPDATE lake.s.t SET n_name = lower(n_name) WHERE n_regionkey = 1",
+        "DELETE FROM lake.s.t WHERE n_nationkey < 3",
+        "MERGE INTO lake.s.t t USING (SELECT 1 AS k) s ON t.n_nationkey = s.k \
+         WHEN MATCHED THEN DELETE",
+    ] {
+        let out = lake(&data, statement, &[("BASIN_TEST_KILL_BEFORE_COMMIT", "1")]);
+        assert!(!out.status.success(), "{statement} should have been killed");
+        assert_eq!(
+            ok(&data, "SELECT snapshot_id FROM lake.s.\"t$snapshots\""),
+            before
+        );
+        assert_eq!(
+            ok(
+                &data,
+                "SELECT count(*) AS n, min(n_name) AS m FROM lake.s.t"
+            ),
+            "n,m\n25,ALGERIA\n"
+        );
+    }
+    assert!(count_files(&data, &parquet) > files);
+    ok(
+        &data,
+        "ALTER TABLE lake.s.t EXECUTE remove_orphan_files(retention_threshold => '0s', \
+         allow_short_retention => true)",
+    );
+    assert_eq!(count_files(&data, &parquet), files);
     assert_eq!(ok(&data, "SELECT count(*) AS n FROM lake.s.t"), "n\n25\n");
     let _ = std::fs::remove_dir_all(&data);
 }
@@ -943,6 +993,24 @@ fn delete_and_update_rewrite_the_files_they_change() {
         ),
         "s\n3.0\n"
     );
+    // A cast that merges values (5.3 → 5) does not prune files: the file of 5.3 is read.
+    ok(
+        &data,
+        "CREATE TABLE lake.s.c (x DOUBLE); INSERT INTO lake.s.c VALUES (5.3), (5.4); \
+         INSERT INTO lake.s.c VALUES (7.0)",
+    );
+    assert_eq!(
+        ok(
+            &data,
+            "SELECT count(*) AS n FROM lake.s.c WHERE CAST(x AS INT) = 5"
+        ),
+        "n\n2\n"
+    );
+    assert_eq!(
+        ok(&data, "DELETE FROM lake.s.c WHERE CAST(x AS INT) = 5"),
+        "count\n2\n"
+    );
+    assert_eq!(ok(&data, "SELECT x FROM lake.s.c"), "x\n7.0\n");
     // A subquery in the condition is refused, saying so; nothing changes.
     let e = err(
         &data,
@@ -1096,6 +1164,20 @@ fn schema_evolution_renames_and_widens_columns() {
     assert!(e.contains("already has a column `amount`"), "{e}");
     let e = err(&data, "ALTER TABLE lake.s.t RENAME COLUMN nothing TO x");
     assert!(e.contains("no column `nothing`"), "{e}");
+    ok(
+        &data,
+        "CREATE TABLE lake.s.p (k INT, v INT) WITH (partitioning = ARRAY['k']); \
+         INSERT INTO lake.s.p VALUES (1, 1)",
+    );
+    let e = err(
+        &data,
+        "ALTER TABLE lake.s.p ALTER COLUMN k SET DATA TYPE BIGINT",
+    );
+    assert!(e.contains("partitioned by it"), "{e}");
+    ok(
+        &data,
+        "ALTER TABLE lake.s.p ALTER COLUMN v SET DATA TYPE BIGINT",
+    );
     let _ = std::fs::remove_dir_all(&data);
 }
 

@@ -455,12 +455,13 @@ pub(crate) async fn remove_files(
     qualified: &str,
     remove: impl Fn(&DataFile, &PartitionSpec) -> Result<bool>,
 ) -> Result<Replaced> {
-    replace_files(committer, table, qualified, remove, Vec::new(), &[]).await
+    replace_files(committer, table, qualified, remove, Vec::new(), &[], false).await
 }
 
 /// [`remove_files`], and `added` (data files written under the table's default partition
-/// spec) added in the same snapshot: an `overwrite` when both happen. `properties` go into
-/// the snapshot's summary.
+/// spec) added in the same snapshot: an `overwrite` when both happen, an `append` when
+/// nothing is removed (still only while `main` is where it was). `properties` go into the
+/// snapshot's summary. `compaction`: the same rows in other files (operation `replace`).
 pub(crate) async fn replace_files(
     committer: &Committer,
     table: &Table,
@@ -468,6 +469,7 @@ pub(crate) async fn replace_files(
     remove: impl Fn(&DataFile, &PartitionSpec) -> Result<bool>,
     added: Vec<DataFile>,
     properties: &[(&str, &str)],
+    compaction: bool,
 ) -> Result<Replaced> {
     let metadata = table.metadata();
     let Some(base) = metadata.current_snapshot() else {
@@ -584,7 +586,7 @@ pub(crate) async fn replace_files(
         }
         manifests.push(writer.write_manifest_file().await.map_err(iceberg_error)?);
     }
-    if replaced.removed_files == 0 {
+    if replaced.removed_files == 0 && added.is_empty() {
         return Ok(replaced);
     }
     let mut added_bytes = 0u64;
@@ -678,10 +680,11 @@ pub(crate) async fn replace_files(
         .with_timestamp_ms(chrono::Utc::now().timestamp_millis())
         .with_manifest_list(list_path)
         .with_summary(Summary {
-            operation: if added_files > 0 {
-                Operation::Overwrite
-            } else {
-                Operation::Delete
+            operation: match (replaced.removed_files, added_files) {
+                _ if compaction => Operation::Replace,
+                (0, _) => Operation::Append,
+                (_, 0) => Operation::Delete,
+                _ => Operation::Overwrite,
             },
             additional_properties: props,
         })
@@ -694,6 +697,12 @@ pub(crate) async fn replace_files(
             reference: SnapshotReference::new(snapshot_id, main_retention(table)),
         },
     ];
+    // Test hook: die with the files and the manifests written and nothing committed, as a
+    // front end killed at that moment would. The table must stay at its old snapshot.
+    if std::env::var_os("BASIN_TEST_KILL_BEFORE_COMMIT").is_some() {
+        tracing::error!(table = %qualified, "BASIN_TEST_KILL_BEFORE_COMMIT is set: aborting before the commit");
+        std::process::abort();
+    }
     committer
         .commit(
             table,

@@ -869,6 +869,18 @@ async fn evolve_schema(
                     ))
                 })?;
                 let from = fields[at].field_type.as_ref().clone();
+                if from != wanted
+                    && metadata
+                        .partition_specs_iter()
+                        .any(|spec| spec.fields().iter().any(|p| p.source_id == fields[at].id))
+                {
+                    // Old manifests keep the old type's partition values, which iceberg-rust
+                    // 0.10 then never matches against the new type's: files would be skipped.
+                    return Err(DataFusionError::NotImplemented(format!(
+                        "cannot change the type of `{name}` of `{table_name}`: the table is \
+                         partitioned by it"
+                    )));
+                }
                 let allowed = match (&from, &wanted) {
                     (a, b) if a == b => true,
                     (Type::Primitive(PrimitiveType::Int), Type::Primitive(PrimitiveType::Long))

@@ -243,29 +243,14 @@ async fn commit_merge(
     removed: BTreeSet<String>,
     added: Vec<String>,
 ) -> Result<()> {
-    let qualified = spec.table.clone();
-    if removed.is_empty() {
-        if added.is_empty() {
-            return Ok(());
-        }
-        // Inserts only. The rows inserted are those no target row matched: a commit since
-        // the statement read the table may have added one that does.
-        let table = catalog.load_table(ident).await?;
-        let current = table.metadata().current_snapshot().map(|s| s.snapshot_id());
-        if current != read_snapshot {
-            return Err(DataFusionError::Execution(format!(
-                "conflict: `{qualified}` was changed by snapshot {} while this MERGE ran from \
-                 snapshot {}; nothing was committed, run the statement again",
-                current.map_or("none".to_string(), |s| s.to_string()),
-                read_snapshot.map_or("none".to_string(), |s| s.to_string())
-            )));
-        }
-        return commit(catalog, ident, spec, added).await.map(|_| ());
+    if removed.is_empty() && added.is_empty() {
+        return Ok(());
     }
     let Some(snapshot) = read_snapshot else {
-        return Err(DataFusionError::Internal(format!(
-            "MERGE INTO `{qualified}` rewrote files of a table without a snapshot"
-        )));
+        // The table had no snapshot: inserts only, appended (a table with a snapshot gets
+        // them in a snapshot that requires `main` unchanged, as rows inserted because no
+        // target row matched may meet one a concurrent commit added).
+        return commit(catalog, ident, spec, added).await.map(|_| ());
     };
     let read = ReadState {
         snapshot,

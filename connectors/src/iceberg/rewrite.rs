@@ -55,13 +55,12 @@ use iceberg::expr::Predicate;
 use iceberg::scan::FileScanTask;
 use iceberg::spec::{DataFile, Operation};
 use iceberg::table::Table;
-use iceberg_datafusion::physical_plan::convert_filters_to_predicate;
 use serde::{Deserialize, Serialize};
 
 use super::catalog::{IcebergCatalog, error_text};
 use super::commit::replace_files;
 use super::scan::{IcebergScanExec, ScanSpec};
-use super::table::{IcebergTableSpec, balance};
+use super::table::{IcebergTableSpec, balance, pruning_predicate};
 use super::write::{
     COMMIT_ID_PROPERTY, WriteSpec, Written, count_schema, data_files_schema, deserialize_files,
     write_files,
@@ -289,7 +288,7 @@ pub async fn plan_rewrite(
     let iceberg_table = table.table()?;
     let mut builder = iceberg_table.scan().snapshot_id(snapshot_id).select_all();
     let predicate = match &condition {
-        Some(c) => convert_filters_to_predicate(&[crate::views::plain_literals(c)?]),
+        Some(c) => pruning_predicate(std::slice::from_ref(c), &table.provider_schema()?)?,
         None => None,
     };
     if let Some(p) = &predicate {
@@ -710,7 +709,7 @@ pub async fn plan_optimize(
     let iceberg_table = table.table()?;
     let mut builder = iceberg_table.scan().snapshot_id(snapshot_id).select_all();
     if let Some(f) = filter
-        && let Some(p) = convert_filters_to_predicate(&[crate::views::plain_literals(f)?])
+        && let Some(p) = pruning_predicate(std::slice::from_ref(f), &table.provider_schema()?)?
     {
         builder = builder.with_filter(p);
     }
@@ -957,7 +956,7 @@ pub(super) async fn commit_rewrite(
     added: Vec<String>,
 ) -> Result<()> {
     let qualified = write.table.clone();
-    if removed.is_empty() {
+    if removed.is_empty() && added.is_empty() {
         return Ok(());
     }
     let metadata = &write.metadata;
@@ -988,6 +987,7 @@ pub(super) async fn commit_rewrite(
                     (COMMIT_ID_PROPERTY, write.write_id.as_str()),
                     ("engine-name", "basin"),
                 ],
+                read.appends_commute,
             )
             .await?;
             Ok(())

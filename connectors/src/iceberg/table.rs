@@ -288,6 +288,83 @@ impl IcebergTableSpec {
     }
 }
 
+/// The Iceberg predicate that prunes files for `filters` (over `schema`'s columns), or `None`.
+/// iceberg-datafusion converts plain string literals only (the columns are views), and it
+/// unwraps a cast of a column (`CAST(x AS INT) = 5` becomes `x = 5`), which is only right for
+/// casts that keep every value apart and in order: a conjunct with any other cast of a column
+/// (a double to an integer, a decimal to fewer decimals, a number to a string) is left out of
+/// pruning, else files holding matching rows (x = 5.3) would be skipped.
+pub(crate) fn pruning_predicate(
+    filters: &[Expr],
+    schema: &SchemaRef,
+) -> Result<Option<iceberg::expr::Predicate>> {
+    use datafusion::logical_expr::utils::split_conjunction;
+    let mut kept = Vec::new();
+    for filter in filters {
+        for conjunct in split_conjunction(filter) {
+            if has_lossy_cast(conjunct, schema) {
+                continue;
+            }
+            kept.push(crate::views::plain_literals(conjunct)?);
+        }
+    }
+    Ok(convert_filters_to_predicate(&kept))
+}
+
+/// Whether `expr` casts a column of `schema` to a type that merges or reorders its values.
+fn has_lossy_cast(expr: &Expr, schema: &SchemaRef) -> bool {
+    use datafusion::arrow::datatypes::DataType as T;
+    let exact = |from: &T, to: &T| -> bool {
+        let int = |t: &T| t.is_integer();
+        match (from, to) {
+            (a, b) if a == b => true,
+            (a, b) if int(a) && int(b) => {
+                // Widening, same signedness or unsigned into a wider signed.
+                a.primitive_width() <= b.primitive_width()
+                    && (a.is_signed_integer() == b.is_signed_integer()
+                        || (a.is_unsigned_integer() && a.primitive_width() < b.primitive_width()))
+            }
+            (a, T::Float64) if int(a) => a.primitive_width().is_some_and(|w| w <= 4),
+            (a, T::Float32) if int(a) => a.primitive_width().is_some_and(|w| w <= 2),
+            (T::Float32, T::Float64) => true,
+            (a, T::Decimal128(p, s) | T::Decimal256(p, s)) if int(a) => {
+                let digits = match a.primitive_width() {
+                    Some(1) => 3,
+                    Some(2) => 5,
+                    Some(4) => 10,
+                    _ => 20,
+                };
+                (*p as i32 - *s as i32) >= digits
+            }
+            (
+                T::Decimal128(p1, s1) | T::Decimal256(p1, s1),
+                T::Decimal128(p2, s2) | T::Decimal256(p2, s2),
+            ) => s2 >= s1 && (*p2 as i32 - *s2 as i32) >= (*p1 as i32 - *s1 as i32),
+            (T::Utf8 | T::LargeUtf8 | T::Utf8View, T::Utf8 | T::LargeUtf8 | T::Utf8View) => true,
+            (T::Date32, T::Date64) => true,
+            (T::Timestamp(u1, _), T::Timestamp(u2, _)) => u1 == u2,
+            _ => false,
+        }
+    };
+    use datafusion::common::tree_node::TreeNode;
+    expr.exists(|e| {
+        let (inner, to) = match e {
+            Expr::Cast(c) => (&c.expr, &c.data_type),
+            Expr::TryCast(c) => (&c.expr, &c.data_type),
+            _ => return Ok(false),
+        };
+        let Expr::Column(column) = inner.as_ref() else {
+            // A cast of an expression: iceberg-datafusion leaves it unconverted.
+            return Ok(false);
+        };
+        Ok(match schema.field_with_name(&column.name) {
+            Ok(field) => !exact(field.data_type(), to),
+            Err(_) => true,
+        })
+    })
+    .unwrap_or(true)
+}
+
 /// The metadata with its current snapshot read under the current schema. A schema change
 /// (a rename, a promotion, an added column) makes no snapshot, and iceberg-rust plans a scan
 /// of a snapshot under the schema the snapshot was written with; Iceberg reads the table's
@@ -486,12 +563,7 @@ impl IcebergTableProvider {
         if read_no_columns && let Some(first) = self.schema.fields().first() {
             columns.push(first.name().clone());
         }
-        // iceberg-rust converts plain string literals only; the columns are views.
-        let plain = filters
-            .iter()
-            .map(crate::views::plain_literals)
-            .collect::<Result<Vec<Expr>>>()?;
-        let predicate = convert_filters_to_predicate(&plain);
+        let predicate = pruning_predicate(filters, &self.schema)?;
         let version_schema = self.spec.version_schema()?;
         let mut tasks: Vec<FileScanTask> = Vec::new();
         let mut files_total = 0u64;

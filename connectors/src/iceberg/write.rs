@@ -499,7 +499,16 @@ fn merge_input(
     let projection: Vec<usize> = (0..columns).collect();
     let stream = input.map(move |batch| {
         let batch = batch?;
-        let files = batch.column(file_at).as_string_opt::<i32>().cloned();
+        let files = batch
+            .column(file_at)
+            .as_string_opt::<i32>()
+            .cloned()
+            .ok_or_else(|| {
+                DataFusionError::Internal(format!(
+                    "a MERGE write's {MERGE_FILE_COLUMN} column is {}, not Utf8",
+                    batch.column(file_at).data_type()
+                ))
+            })?;
         let actions = cast(batch.column(action_at), &DataType::Int32)?;
         let actions = actions.as_primitive::<Int32Type>();
         let matches = cast(batch.column(matches_at), &DataType::Int64)?;
@@ -522,10 +531,7 @@ fn merge_input(
             if (1..=3).contains(&action) {
                 merged.changed += 1;
             }
-            if let Some(files) = &files
-                && files.is_valid(row)
-                && !merged.files.contains(files.value(row))
-            {
+            if files.is_valid(row) && !merged.files.contains(files.value(row)) {
                 merged.files.insert(files.value(row).to_string());
             }
             keep.push(action != 2);
@@ -896,7 +902,7 @@ async fn commit_overwrite(
                 .await
                 .map(|_| ());
         }
-        let replaced = super::commit::replace_files(
+        super::commit::replace_files(
             catalog.committer(),
             &table,
             &qualified,
@@ -920,12 +926,9 @@ async fn commit_overwrite(
                 (COMMIT_ID_PROPERTY, spec.write_id.as_str()),
                 ("engine-name", "basin"),
             ],
+            false,
         )
         .await?;
-        if replaced.removed_files == 0 && !data_files.is_empty() {
-            // Nothing replaced (new partitions only): an append.
-            commit(catalog, ident, spec, files.clone()).await?;
-        }
         Ok(())
     }
     .await;
