@@ -19,10 +19,10 @@ use basin_connectors::catalogs::{register_catalogs, register_functions, runtime_
 use basin_connectors::codec::portable_names;
 use basin_connectors::iceberg::{
     IcebergAlterTable, IcebergCommitExec, IcebergCreateTable, IcebergDdl, IcebergDdlExec,
-    IcebergDeleteExec, IcebergMergeCommitExec, IcebergMergeNode, IcebergProcedure,
-    IcebergProcedureExec, IcebergRewriteNode, IcebergRowChangeExec, IcebergTableProvider,
-    IcebergWriteNode, Overwrite, Procedure, RowChange, WriteSpec, by_whole_files, no_change,
-    plan_optimize, plan_rewrite, row_change_plan,
+    IcebergDeleteExec, IcebergMergeNode, IcebergProcedure, IcebergProcedureExec,
+    IcebergRewriteNode, IcebergRowChangeExec, IcebergTableProvider, IcebergWriteNode, Overwrite,
+    Procedure, RowChange, WriteSpec, by_whole_files, no_change, plan_optimize, plan_rewrite,
+    row_change_plan,
 };
 use basin_connectors::portable::portable_plan;
 use basin_connectors::remote::RemotePushdown;
@@ -273,7 +273,7 @@ impl BasinQueryPlanner {
                     });
                     let write = portable_names(write)?;
                     let job = self.distributed.create_physical_plan(&write, state).await?;
-                    return Ok(Some(Arc::new(IcebergMergeCommitExec::new(
+                    return Ok(Some(Arc::new(IcebergRowChangeExec::merge(
                         node.catalog.clone(),
                         node.target.ident()?,
                         spec,
@@ -340,7 +340,7 @@ impl BasinQueryPlanner {
                         node: Arc::new(IcebergRewriteNode::new(spec.clone())?),
                     });
                     let job = self.distributed.create_physical_plan(&node, state).await?;
-                    return Ok(Some(Arc::new(IcebergRowChangeExec::new(
+                    return Ok(Some(Arc::new(IcebergRowChangeExec::rewrite(
                         catalog,
                         table.spec().ident()?,
                         &spec,
@@ -420,7 +420,7 @@ impl BasinQueryPlanner {
             .distributed
             .create_physical_plan(&rewrite, state)
             .await?;
-        Ok(Arc::new(IcebergRowChangeExec::new(
+        Ok(Arc::new(IcebergRowChangeExec::rewrite(
             node.catalog.clone(),
             node.ident.clone(),
             &spec,

@@ -34,7 +34,7 @@ pub use ddl::{
 };
 pub use delete::{IcebergDeleteExec, by_whole_files};
 pub use maintenance::{IcebergProcedure, IcebergProcedureExec, Procedure, parse_timestamp};
-pub use merge::{IcebergMergeCommitExec, IcebergMergeNode};
+pub use merge::IcebergMergeNode;
 pub use metadata_tables::MetadataTableKind;
 pub use rewrite::{
     IcebergRewriteExec, IcebergRewriteNode, IcebergRowChangeExec, RewriteSpec, RowChange,

@@ -60,10 +60,10 @@ use serde::{Deserialize, Serialize};
 use super::catalog::{IcebergCatalog, error_text};
 use super::commit::replace_files;
 use super::scan::{IcebergScanExec, ScanSpec};
-use super::table::{IcebergTableSpec, balance, pruning_predicate};
+use super::table::{IcebergTableSpec, balance, pruning_predicate, strip_task};
 use super::write::{
-    COMMIT_ID_PROPERTY, WriteSpec, Written, count_schema, data_files_schema, deserialize_files,
-    write_files,
+    COMMIT_ID_PROPERTY, WriteSpec, Written, commit, count_schema, data_files_schema,
+    deserialize_files, write_files,
 };
 
 /// What a statement changes in the rows it matches.
@@ -264,6 +264,43 @@ fn decode(text: &str, context: &TaskContext) -> Result<Expr> {
     Expr::from_bytes_with_registry(&bytes, context)
 }
 
+/// The whole-file scan tasks of `snapshot_id` of `table` that `predicate` may match (all of
+/// them without one), with their delete files.
+async fn planned_files(
+    table: &Table,
+    qualified: &str,
+    snapshot_id: i64,
+    predicate: Option<&Predicate>,
+) -> Result<Vec<FileScanTask>> {
+    let mut builder = table.scan().snapshot_id(snapshot_id).select_all();
+    if let Some(p) = predicate {
+        builder = builder.with_filter(p.clone());
+    }
+    let planning = |e: iceberg::Error| {
+        DataFusionError::Execution(format!(
+            "cannot plan the files of `{qualified}`: {}",
+            error_text(&e)
+        ))
+    };
+    builder
+        .build()
+        .map_err(planning)?
+        .plan_files()
+        .await
+        .map_err(planning)?
+        .try_collect()
+        .await
+        .map_err(planning)
+}
+
+/// A task that reads every row of its file (the rewrite applies the condition), small
+/// enough to travel in the plan.
+fn whole_file(task: FileScanTask) -> FileScanTask {
+    let mut task = strip_task(task);
+    task.predicate = None;
+    task
+}
+
 /// Plans the rewrite of `plan` on `table` (as the statement read it): the files the condition
 /// may match, spread over at most `target_partitions` tasks. `None` when no row can change.
 pub async fn plan_rewrite(
@@ -285,44 +322,15 @@ pub async fn plan_rewrite(
         }
         condition = None;
     }
-    let iceberg_table = table.table()?;
-    let mut builder = iceberg_table.scan().snapshot_id(snapshot_id).select_all();
     let predicate = match &condition {
         Some(c) => pruning_predicate(std::slice::from_ref(c), &table.provider_schema()?)?,
         None => None,
     };
-    if let Some(p) = &predicate {
-        builder = builder.with_filter(p.clone());
-    }
-    let planning = |e: iceberg::Error| {
-        DataFusionError::Execution(format!(
-            "cannot plan the files of `{qualified}`: {}",
-            error_text(&e)
-        ))
-    };
-    let tasks: Vec<FileScanTask> = builder
-        .build()
-        .map_err(planning)?
-        .plan_files()
-        .await
-        .map_err(planning)?
-        .try_collect()
-        .await
-        .map_err(planning)?;
+    let tasks = planned_files(&table.table()?, &qualified, snapshot_id, predicate.as_ref()).await?;
     if tasks.is_empty() {
         return Ok(None);
     }
-    let tasks = tasks
-        .into_iter()
-        .map(|mut t| {
-            // Every row of the file is read: the condition is applied by the rewrite.
-            t.predicate = None;
-            t.partition = None;
-            t.partition_spec = None;
-            t.name_mapping = None;
-            t
-        })
-        .collect();
+    let tasks = tasks.into_iter().map(whole_file).collect();
     let groups = balance(
         tasks,
         &Default::default(),
@@ -706,28 +714,11 @@ pub async fn plan_optimize(
     let Some(snapshot_id) = table.snapshot_id else {
         return Ok(None);
     };
-    let iceberg_table = table.table()?;
-    let mut builder = iceberg_table.scan().snapshot_id(snapshot_id).select_all();
-    if let Some(f) = filter
-        && let Some(p) = pruning_predicate(std::slice::from_ref(f), &table.provider_schema()?)?
-    {
-        builder = builder.with_filter(p);
-    }
-    let planning = |e: iceberg::Error| {
-        DataFusionError::Execution(format!(
-            "cannot plan the files of `{qualified}`: {}",
-            error_text(&e)
-        ))
+    let predicate = match filter {
+        Some(f) => pruning_predicate(std::slice::from_ref(f), &table.provider_schema()?)?,
+        None => None,
     };
-    let tasks: Vec<FileScanTask> = builder
-        .build()
-        .map_err(planning)?
-        .plan_files()
-        .await
-        .map_err(planning)?
-        .try_collect()
-        .await
-        .map_err(planning)?;
+    let tasks = planned_files(&table.table()?, &qualified, snapshot_id, predicate.as_ref()).await?;
     let mut partitions: std::collections::BTreeMap<String, Vec<FileScanTask>> =
         std::collections::BTreeMap::new();
     for task in tasks {
@@ -744,18 +735,7 @@ pub async fn plan_optimize(
     let groups: Vec<Vec<FileScanTask>> = partitions
         .into_values()
         .filter(|files| files.len() > 1 || files.iter().any(|t| !t.deletes.is_empty()))
-        .map(|files| {
-            files
-                .into_iter()
-                .map(|mut t| {
-                    t.predicate = None;
-                    t.partition = None;
-                    t.partition_spec = None;
-                    t.name_mapping = None;
-                    t
-                })
-                .collect()
-        })
+        .map(|files| files.into_iter().map(whole_file).collect())
         .collect();
     if groups.is_empty() {
         return Ok(None);
@@ -796,39 +776,42 @@ pub fn no_change() -> Result<Arc<dyn ExecutionPlan>> {
     )?)
 }
 
-/// Commits the files of one `DELETE` or `UPDATE` in one snapshot; runs in the front end.
-/// Outputs the number of rows changed.
+/// Commits the files of one `DELETE`, `UPDATE`, `MERGE` or `optimize` in one snapshot; runs
+/// in the front end. Outputs the number of rows changed.
 #[derive(Debug)]
 pub struct IcebergRowChangeExec {
     catalog: Arc<IcebergCatalog>,
     ident: TableIdent,
     write: WriteSpec,
-    change: RowChange,
+    /// Shown by EXPLAIN.
+    operation: String,
     /// The snapshot the statement read, the files it considered there and its predicate:
-    /// the commit checks what happened to the table since (see [`commit_rewrite`]).
-    read: Arc<ReadState>,
+    /// the commit checks what happened to the table since (see [`commit_rewrite`]). `None`:
+    /// the table had no snapshot (a `MERGE` that can only insert: its files are appended).
+    read: Option<Arc<ReadState>>,
     input: Arc<dyn ExecutionPlan>,
     properties: Arc<PlanProperties>,
 }
 
 /// What a statement read, for the isolation check at its commit.
 #[derive(Debug)]
-pub(super) struct ReadState {
-    pub(super) snapshot: i64,
+struct ReadState {
+    snapshot: i64,
     /// The files it may have changed; `predicate` matches no other file of its snapshot.
-    pub(super) candidates: HashSet<String>,
+    candidates: HashSet<String>,
     /// `None`: any file.
-    pub(super) predicate: Option<Predicate>,
+    predicate: Option<Predicate>,
     /// Concurrent appends never conflict (a compaction changes no row).
-    pub(super) appends_commute: bool,
+    appends_commute: bool,
 }
 
 impl IcebergRowChangeExec {
-    pub fn new(
+    fn new(
         catalog: Arc<IcebergCatalog>,
         ident: TableIdent,
-        spec: &RewriteSpec,
-        read_snapshot: i64,
+        write: WriteSpec,
+        operation: String,
+        read: Option<ReadState>,
         input: Arc<dyn ExecutionPlan>,
     ) -> Self {
         let properties = Arc::new(PlanProperties::new(
@@ -840,22 +823,60 @@ impl IcebergRowChangeExec {
         Self {
             catalog,
             ident,
-            write: spec.write.clone(),
-            change: spec.change,
-            read: Arc::new(ReadState {
-                snapshot: read_snapshot,
-                candidates: spec
-                    .groups
-                    .iter()
-                    .flatten()
-                    .map(|t| t.data_file_path.clone())
-                    .collect(),
-                predicate: spec.predicate.clone(),
-                appends_commute: spec.change == RowChange::Optimize,
-            }),
+            write,
+            operation,
+            read: read.map(Arc::new),
             input,
             properties,
         }
+    }
+
+    /// The commit of a rewrite planned as `spec` from `read_snapshot`.
+    pub fn rewrite(
+        catalog: Arc<IcebergCatalog>,
+        ident: TableIdent,
+        spec: &RewriteSpec,
+        read_snapshot: i64,
+        input: Arc<dyn ExecutionPlan>,
+    ) -> Self {
+        let read = ReadState {
+            snapshot: read_snapshot,
+            candidates: spec
+                .groups
+                .iter()
+                .flatten()
+                .map(|t| t.data_file_path.clone())
+                .collect(),
+            predicate: spec.predicate.clone(),
+            appends_commute: spec.change == RowChange::Optimize,
+        };
+        let operation = spec.change.to_string();
+        Self::new(
+            catalog,
+            ident,
+            spec.write.clone(),
+            operation,
+            Some(read),
+            input,
+        )
+    }
+
+    /// The commit of a `MERGE` written as `write` from `read_snapshot`: it may have changed
+    /// any file, so any commit since is a conflict.
+    pub fn merge(
+        catalog: Arc<IcebergCatalog>,
+        ident: TableIdent,
+        write: WriteSpec,
+        read_snapshot: Option<i64>,
+        input: Arc<dyn ExecutionPlan>,
+    ) -> Self {
+        let read = read_snapshot.map(|snapshot| ReadState {
+            snapshot,
+            candidates: HashSet::new(),
+            predicate: None,
+            appends_commute: false,
+        });
+        Self::new(catalog, ident, write, "MERGE".to_string(), read, input)
     }
 }
 
@@ -864,7 +885,7 @@ impl DisplayAs for IcebergRowChangeExec {
         write!(
             f,
             "IcebergCommitExec: table={}, operation={} (copy-on-write)",
-            self.write.table, self.change
+            self.write.table, self.operation
         )
     }
 }
@@ -897,7 +918,7 @@ impl ExecutionPlan for IcebergRowChangeExec {
             catalog: self.catalog.clone(),
             ident: self.ident.clone(),
             write: self.write.clone(),
-            change: self.change,
+            operation: self.operation.clone(),
             read: self.read.clone(),
             input,
             properties: self.properties.clone(),
@@ -922,15 +943,24 @@ impl ExecutionPlan for IcebergRowChangeExec {
         let stream = futures::stream::once(async move {
             let written = Written::collect(input, context).await?;
             let changed = written.changed;
-            commit_rewrite(
-                &catalog,
-                &ident,
-                &write,
-                &read,
-                written.removed,
-                written.added,
-            )
-            .await?;
+            match &read {
+                Some(read) => {
+                    commit_rewrite(
+                        &catalog,
+                        &ident,
+                        &write,
+                        read,
+                        written.removed,
+                        written.added,
+                    )
+                    .await?
+                }
+                // No snapshot to have changed: nothing removed, the files appended.
+                None if !written.added.is_empty() => {
+                    commit(&catalog, &ident, &write, written.added).await?;
+                }
+                None => {}
+            }
             let array: ArrayRef = Arc::new(UInt64Array::from(vec![changed]));
             Ok(RecordBatch::try_new(count_schema(), vec![array])?)
         });
@@ -947,7 +977,7 @@ impl ExecutionPlan for IcebergRowChangeExec {
 /// in between was an append and none of the files they added may hold a row the condition
 /// matches (by partition values and column bounds); anything else fails as a conflict naming
 /// the other snapshot, and nothing is committed. Up to [`COMMIT_ATTEMPTS`] races are retried.
-pub(super) async fn commit_rewrite(
+async fn commit_rewrite(
     catalog: &Arc<IcebergCatalog>,
     ident: &TableIdent,
     write: &WriteSpec,
@@ -1065,28 +1095,18 @@ async fn isolation_check(table: &Table, qualified: &str, read: &ReadState) -> Re
         return Ok(());
     }
     // Only appends: conflict if one added a file the condition may match.
-    let mut builder = table
-        .scan()
-        .snapshot_id(current.snapshot_id())
-        .select_empty();
-    if let Some(p) = &read.predicate {
-        builder = builder.with_filter(p.clone());
-    }
-    let failed = |e: iceberg::Error| {
-        DataFusionError::Execution(format!(
-            "cannot check `{qualified}` for conflicting commits: {}",
-            error_text(&e)
+    let tasks = planned_files(
+        table,
+        qualified,
+        current.snapshot_id(),
+        read.predicate.as_ref(),
+    )
+    .await
+    .map_err(|e| {
+        e.context(format!(
+            "cannot check `{qualified}` for conflicting commits"
         ))
-    };
-    let tasks: Vec<FileScanTask> = builder
-        .build()
-        .map_err(failed)?
-        .plan_files()
-        .await
-        .map_err(failed)?
-        .try_collect()
-        .await
-        .map_err(failed)?;
+    })?;
     if let Some(new) = tasks
         .iter()
         .find(|t| !read.candidates.contains(&t.data_file_path))

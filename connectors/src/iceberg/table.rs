@@ -698,7 +698,7 @@ impl IcebergTableProvider {
 
 /// Partition values and specs cannot be serialized; readers then read partition source
 /// columns from the files, which Iceberg writers always store.
-fn strip_task(mut task: FileScanTask) -> FileScanTask {
+pub(super) fn strip_task(mut task: FileScanTask) -> FileScanTask {
     task.partition = None;
     task.partition_spec = None;
     task.name_mapping = None;
