@@ -27,6 +27,12 @@
 #   mariadb    MariaDB from Debian's packages (mariadb-install-db in a temp dir, random port),
 #              general query log on. Exports BASIN_TEST_MYSQL_URL (database `basin`, user
 #              `basin`) and BASIN_TEST_MYSQL_LOG (the general log).
+#   sqlserver  Babelfish for PostgreSQL (speaks SQL Server's TDS), prebuilt in the shared
+#              services folder (BASIN_SHARED_SERVICES, default ../shared/services beside the
+#              checkout, else /work/shared/services); random ports, every statement logged.
+#              Exports BASIN_TEST_SQLSERVER_URL (sqlserver://basin:…@127.0.0.1:PORT/master),
+#              BASIN_TEST_SQLSERVER_PG_URL, BASIN_TEST_SQLSERVER_LOG (the server log) and
+#              BASIN_TEST_SQLSERVER_CA (its self-signed certificate, for TLS verification).
 #
 # Environment knobs:
 #   BASIN_SERVICES_DIR            state/data root (default /tmp/basin-services)
@@ -522,15 +528,66 @@ db_status() {
   return 1
 }
 
+# ---------------------------------------------------------------- sqlserver (Babelfish)
+
+shared_services() {
+  local d
+  for d in "${BASIN_SHARED_SERVICES:-}" "$(cd "$(dirname "$0")/../.." && pwd)/shared/services" /work/shared/services; do
+    [[ -n "$d" && -x "$d/babelfish/start.sh" ]] && { echo "$d"; return 0; }
+  done
+  return 1
+}
+
+ms_start() {
+  local src dir="$STATE_DIR/sqlserver" t0
+  if [[ -f "$STATE_DIR/sqlserver.env" && -f "$dir/data/postmaster.pid" ]] &&
+    kill -0 "$(head -1 "$dir/data/postmaster.pid")" 2>/dev/null; then
+    log "sqlserver already running ($dir)"
+    return 0
+  fi
+  src="$(shared_services)" ||
+    die "the prebuilt SQL Server service (Babelfish) is not found: set BASIN_SHARED_SERVICES to the shared services folder"
+  t0="$(now)"
+  mkdir -p "$STATE_DIR"
+  "$src/babelfish/start.sh" "$dir" "$(free_port)" "$(free_port)" >"$STATE_DIR/sqlserver.env.new" ||
+    die "Babelfish did not start (logs: $dir/log)"
+  # shellcheck disable=SC1091
+  (
+    . "$STATE_DIR/sqlserver.env.new"
+    psql -q "$BASIN_TEST_SQLSERVER_PG_URL" -c "ALTER SYSTEM SET log_statement = 'all'" -c "SELECT pg_reload_conf()" >/dev/null
+  ) || die "cannot switch on Babelfish's statement log"
+  {
+    cat "$STATE_DIR/sqlserver.env.new"
+    echo "export BASIN_TEST_SQLSERVER_LOG=$dir/log/postgres.log"
+    echo "export BASIN_TEST_SQLSERVER_CA=$dir/data/server.crt"
+  } >"$STATE_DIR/sqlserver.env"
+  rm -f "$STATE_DIR/sqlserver.env.new"
+  log "sqlserver (Babelfish) ready in $(elapsed "$t0")s ($dir)"
+}
+
+ms_stop() {
+  local src dir="$STATE_DIR/sqlserver"
+  [[ -d "$dir" ]] || return 0
+  src="$(shared_services)" || { log "cannot find babelfish/stop.sh to stop $dir"; return 1; }
+  if [[ -n "${BASIN_SERVICES_KEEP:-}" ]]; then
+    "$src/babelfish/stop.sh" "$dir" >/dev/null 2>&1 || return 1
+  else
+    "$src/babelfish/stop.sh" "$dir" --purge >/dev/null 2>&1 || return 1
+  fi
+  rm -f "$STATE_DIR/sqlserver.env"
+  log "sqlserver stopped"
+}
+
 # ---------------------------------------------------------------- main
 
-SERVICES=(seaweedfs postgres mariadb)
+SERVICES=(seaweedfs postgres mariadb sqlserver)
 
 canon() {
   case "$1" in
     seaweedfs | s3 | weed) echo seaweedfs ;;
     postgres | postgresql | pg) echo postgres ;;
     mariadb | mysql) echo mariadb ;;
+    sqlserver | mssql | babelfish) echo sqlserver ;;
     *) die "unknown service '$1' (known: ${SERVICES[*]})" ;;
   esac
 }
@@ -545,6 +602,7 @@ case "$cmd" in
         seaweedfs) sw_start ;;
         postgres) pg_start ;;
         mariadb) maria_start ;;
+        sqlserver) ms_start ;;
       esac
     done
     cat "$STATE_DIR"/*.env 2>/dev/null || true
@@ -555,6 +613,7 @@ case "$cmd" in
     sw_stop || rc=1
     db_stop postgres "$STATE_DIR/postgres." || rc=1
     db_stop mariadb "$STATE_DIR/mariadb." || rc=1
+    ms_stop || rc=1
     if ((rc)); then die "some processes could not be stopped"; fi
     rmdir "$STATE_DIR" 2>/dev/null || true
     ;;

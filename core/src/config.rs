@@ -306,6 +306,9 @@ pub enum CatalogConfig {
     /// A MySQL or MariaDB server, queried in place.
     #[serde(alias = "mariadb")]
     Mysql(Box<SqlSourceConfig>),
+    /// A Microsoft SQL Server (or Azure SQL, or Babelfish) database, queried in place.
+    #[serde(alias = "mssql")]
+    Sqlserver(Box<SqlSourceConfig>),
 }
 
 impl CatalogConfig {
@@ -316,6 +319,7 @@ impl CatalogConfig {
             CatalogConfig::Iceberg(_) => "iceberg",
             CatalogConfig::Postgres(_) => "postgres",
             CatalogConfig::Mysql(_) => "mysql",
+            CatalogConfig::Sqlserver(_) => "sqlserver",
         }
     }
 }
@@ -337,7 +341,7 @@ pub enum TlsMode {
     VerifyFull,
 }
 
-/// Options of a `connector = "postgres"` or `connector = "mysql"` catalog: a database
+/// Options of a `connector = "postgres"`, `"mysql"` or `"sqlserver"` catalog: a database
 /// queried in place. Give `url`, or the separate fields (which override the URL's parts).
 ///
 /// ```toml
@@ -351,7 +355,8 @@ pub enum TlsMode {
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SqlSourceConfig {
-    /// `postgres://user:password@host:port/database` or `mysql://...`.
+    /// `postgres://user:password@host:port/database`, `mysql://...` or
+    /// `sqlserver://user:password@host:port/database`.
     #[serde(default)]
     pub url: Option<Secret>,
     #[serde(default, deserialize_with = "env_string_opt")]
@@ -361,12 +366,20 @@ pub struct SqlSourceConfig {
     pub user: Option<String>,
     #[serde(default)]
     pub password: Option<Secret>,
-    /// The database (PostgreSQL) or the default schema (MySQL).
+    /// The database (PostgreSQL, SQL Server) or the default schema (MySQL).
     #[serde(default, deserialize_with = "env_string_opt")]
     pub database: Option<String>,
     /// `disable`, `prefer` (default), `require`, `verify-ca` or `verify-full`.
     #[serde(default)]
     pub tls: TlsMode,
+    /// PEM file of the CA that signed the server's certificate, for `verify-ca` and
+    /// `verify-full` (default: the system's trusted roots).
+    #[serde(default, deserialize_with = "env_string_opt")]
+    pub tls_ca_file: Option<String>,
+    /// SQL Server: a named instance (`host\\instance`), found through the SQL Browser
+    /// service on UDP 1434 when no `port` is given.
+    #[serde(default, deserialize_with = "env_string_opt")]
+    pub instance: Option<String>,
     /// Connections kept open per Basin process (default 8).
     pub pool_size: Option<u32>,
     /// Remote queries run at once per Basin process (default 4); the rest wait.
@@ -521,7 +534,9 @@ impl BasinConfig {
                     "catalog `{name}`: kind = \"rest\" needs `uri`, the catalog's base URL"
                 ));
             }
-            if let CatalogConfig::Postgres(c) | CatalogConfig::Mysql(c) = catalog
+            if let CatalogConfig::Postgres(c)
+            | CatalogConfig::Mysql(c)
+            | CatalogConfig::Sqlserver(c) = catalog
                 && c.url.is_none()
                 && c.host.is_none()
             {

@@ -1,6 +1,6 @@
-//! PostgreSQL and MariaDB sources end to end, on throwaway servers that
-//! `.ci/services.sh start postgres mariadb` starts (BASIN_TEST_PG_URL/_LOG,
-//! BASIN_TEST_MYSQL_URL/_LOG). Every check compares the source's answer with the answer Basin
+//! PostgreSQL, MariaDB and SQL Server (Babelfish) sources end to end, on throwaway servers
+//! that `.ci/services.sh start postgres mariadb sqlserver` starts (BASIN_TEST_PG_URL/_LOG,
+//! BASIN_TEST_MYSQL_URL/_LOG, BASIN_TEST_SQLSERVER_URL/_LOG). Every check compares the source's answer with the answer Basin
 //! computes itself over a copy of the same rows in the embedded Iceberg catalog, and pushdown
 //! is asserted on the SQL the server actually received (its statement log).
 //!
@@ -18,6 +18,8 @@ pub(crate) struct Servers {
     pub(crate) pg_log: PathBuf,
     pub(crate) my_url: String,
     pub(crate) my_log: PathBuf,
+    pub(crate) ms_url: String,
+    pub(crate) ms_log: PathBuf,
 }
 
 pub(crate) fn servers(test: &str) -> Option<Servers> {
@@ -27,17 +29,24 @@ pub(crate) fn servers(test: &str) -> Option<Servers> {
         var("BASIN_TEST_PG_LOG"),
         var("BASIN_TEST_MYSQL_URL"),
         var("BASIN_TEST_MYSQL_LOG"),
+        var("BASIN_TEST_SQLSERVER_URL"),
+        var("BASIN_TEST_SQLSERVER_LOG"),
     ) {
-        (Some(pg_url), Some(pg_log), Some(my_url), Some(my_log)) => Some(Servers {
-            pg_url,
-            pg_log: pg_log.into(),
-            my_url,
-            my_log: my_log.into(),
-        }),
+        (Some(pg_url), Some(pg_log), Some(my_url), Some(my_log), Some(ms_url), Some(ms_log)) => {
+            Some(Servers {
+                pg_url,
+                pg_log: pg_log.into(),
+                my_url,
+                my_log: my_log.into(),
+                ms_url,
+                ms_log: ms_log.into(),
+            })
+        }
         _ => {
             let msg = format!(
-                "{test}: skipped: BASIN_TEST_PG_URL/BASIN_TEST_MYSQL_URL are not set; run \
-                 `eval \"$(.ci/services.sh start postgres mariadb)\"` first"
+                "{test}: skipped: BASIN_TEST_PG_URL/BASIN_TEST_MYSQL_URL/BASIN_TEST_SQLSERVER_URL \
+                 are not set; run `eval \"$(.ci/services.sh start postgres mariadb sqlserver)\"` \
+                 first"
             );
             assert!(!in_ci(), "{msg}");
             eprintln!("{msg}");
@@ -110,8 +119,56 @@ pub(crate) fn mariadb(url: &str, sql: &str) -> String {
     stdout(&out)
 }
 
-/// A schema (PostgreSQL) and database (MariaDB) of the same name for one test, dropped at the
-/// end.
+/// Runs a T-SQL batch on SQL Server (URL sqlserver://user:pw@host:port/db) over TDS and
+/// returns the rows of every result, `|`-separated, one per line.
+pub(crate) fn tsql(url: &str, sql: &str) -> String {
+    use tokio_util::compat::TokioAsyncWriteCompatExt;
+    let parsed = url::Url::parse(url).expect("sqlserver URL");
+    let mut config = tiberius::Config::new();
+    config.host(parsed.host_str().unwrap());
+    config.port(parsed.port().unwrap_or(1433));
+    config.database(parsed.path().trim_start_matches('/'));
+    config.authentication(tiberius::AuthMethod::sql_server(
+        parsed.username(),
+        parsed.password().unwrap_or_default(),
+    ));
+    config.trust_cert();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let tcp = tokio::net::TcpStream::connect(config.get_addr())
+            .await
+            .unwrap();
+        let mut client = tiberius::Client::connect(config, tcp.compat_write())
+            .await
+            .unwrap();
+        let results = match client.simple_query(sql).await {
+            Ok(stream) => stream.into_results().await,
+            Err(e) => Err(e),
+        };
+        let results = results.unwrap_or_else(|e| panic!("sqlserver: {sql}\n{e}"));
+        let mut out = String::new();
+        for row in results.into_iter().flatten() {
+            let cells: Vec<String> = row
+                .cells()
+                .map(|(_, v)| match v {
+                    tiberius::ColumnData::String(Some(s)) => s.to_string(),
+                    tiberius::ColumnData::I32(Some(v)) => v.to_string(),
+                    tiberius::ColumnData::I64(Some(v)) => v.to_string(),
+                    other => format!("{other:?}"),
+                })
+                .collect();
+            out.push_str(&cells.join("|"));
+            out.push('\n');
+        }
+        out
+    })
+}
+
+/// A schema (PostgreSQL, SQL Server) and database (MariaDB) of the same name for one test,
+/// dropped at the end.
 struct Fixture {
     s: Servers,
     name: String,
@@ -131,6 +188,8 @@ impl Fixture {
             &s.my_url,
             &format!("DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name}"),
         );
+        drop_tsql_schema(&s.ms_url, &name);
+        tsql(&s.ms_url, &format!("CREATE SCHEMA {name}"));
         let dir = scratch_dir(test);
         let config = dir.join("basin.toml");
         std::fs::write(
@@ -139,8 +198,10 @@ impl Fixture {
                 "[catalogs.pg]\nconnector = \"postgres\"\nurl = \"{}\"\ntls = \"disable\"\n\
                  split_size_bytes = 1048576\nmax_splits = 4\n\n\
                  [catalogs.my]\nconnector = \"mysql\"\nurl = \"{}\"\ntls = \"disable\"\n\
+                 split_size_bytes = 1048576\nmax_splits = 4\n\n\
+                 [catalogs.ms]\nconnector = \"sqlserver\"\nurl = \"{}\"\ntls = \"require\"\n\
                  split_size_bytes = 1048576\nmax_splits = 4\n",
-                s.pg_url, s.my_url
+                s.pg_url, s.my_url, s.ms_url
             ),
         )
         .unwrap();
@@ -161,6 +222,11 @@ impl Fixture {
 
     fn my(&self, sql: &str) -> String {
         mariadb(&self.s.my_url, &format!("USE {}; {sql}", self.name))
+    }
+
+    /// A T-SQL batch on SQL Server; `{s}` names this test's schema.
+    fn ms(&self, sql: &str) -> String {
+        tsql(&self.s.ms_url, &sql.replace("{s}", &self.name))
     }
 
     fn run(&self, sql: &str) -> Output {
@@ -231,11 +297,32 @@ impl Drop for Fixture {
                 &format!("DROP DATABASE IF EXISTS {}", self.name),
             )
         });
+        let _ = std::panic::catch_unwind(|| drop_tsql_schema(&self.s.ms_url, &self.name));
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
-/// The rows both sources hold for the conformance suite.
+/// Drops a SQL Server schema and its tables, if it exists.
+fn drop_tsql_schema(url: &str, name: &str) {
+    let tables = tsql(
+        url,
+        &format!("SELECT TABLE_NAME FROM INFORMATION_SCHEMA.TABLES WHERE TABLE_SCHEMA = '{name}'"),
+    );
+    for t in tables.lines() {
+        tsql(url, &format!("DROP TABLE {name}.[{t}]"));
+    }
+    if !tsql(
+        url,
+        &format!("SELECT name FROM sys.schemas WHERE name = '{name}'"),
+    )
+    .trim()
+    .is_empty()
+    {
+        tsql(url, &format!("DROP SCHEMA {name}"));
+    }
+}
+
+/// The rows every source holds for the conformance suite.
 fn conformance_rows() -> Vec<String> {
     (1..=40)
         .map(|i| {
@@ -274,12 +361,20 @@ fn load_conformance(f: &Fixture) {
     ));
     f.my(&format!(
         "CREATE TABLE items (id int PRIMARY KEY, grp int NOT NULL, \
-           name varchar(40) COLLATE utf8mb4_bin NOT NULL, code varchar(10) NOT NULL, \
+           name varchar(40) COLLATE utf8mb4_nopad_bin NOT NULL, code varchar(10) NOT NULL, \
            price decimal(10,2) NOT NULL, qty bigint NOT NULL, ratio double, day date NOT NULL, \
            ts datetime) DEFAULT CHARSET utf8mb4; \
          INSERT INTO items VALUES {values}; \
-         CREATE TABLE cats (id int PRIMARY KEY, label varchar(20) COLLATE utf8mb4_bin NOT NULL); \
+         CREATE TABLE cats (id int PRIMARY KEY, label varchar(20) COLLATE utf8mb4_nopad_bin NOT NULL); \
          INSERT INTO cats VALUES (0, 'zero'), (1, 'one'), (2, 'two')"
+    ));
+    f.ms(&format!(
+        "CREATE TABLE {{s}}.items (id int PRIMARY KEY, grp int NOT NULL, \
+           name varchar(40) NOT NULL, code varchar(10) NOT NULL, price decimal(10,2) NOT NULL, \
+           qty bigint NOT NULL, ratio float, day date NOT NULL, ts datetime2); \
+         INSERT INTO {{s}}.items VALUES {values}; \
+         CREATE TABLE {{s}}.cats (id int PRIMARY KEY, label nvarchar(20) NOT NULL); \
+         INSERT INTO {{s}}.cats VALUES (0, 'zero'), (1, 'one'), (2, 'two')"
     ));
 }
 
@@ -290,6 +385,7 @@ struct Case {
     sql: &'static str,
     pg: &'static [&'static str],
     my: &'static [&'static str],
+    ms: &'static [&'static str],
 }
 
 const CASES: &[Case] = &[
@@ -298,6 +394,7 @@ const CASES: &[Case] = &[
         sql: "SELECT id, name FROM {t}.items WHERE grp = 2 AND id > 10 ORDER BY id",
         pg: &["+\"grp\" = 2", "+\"id\" > 10"],
         my: &["+`grp` = 2", "+`id` > 10"],
+        ms: &["+[grp] = 2", "+[id] > 10"],
     },
     Case {
         name: "aggregates with group by",
@@ -305,6 +402,7 @@ const CASES: &[Case] = &[
               FROM {t}.items GROUP BY grp ORDER BY grp",
         pg: &["+GROUP BY", "+sum("],
         my: &["+GROUP BY", "+sum("],
+        ms: &["+GROUP BY", "+sum("],
     },
     Case {
         // DataFusion computes `price * (1 - qty)` once (`__common_expr_1`) below the aggregate:
@@ -315,6 +413,8 @@ const CASES: &[Case] = &[
         pg: &["+GROUP BY", "+sum(", "-__common_expr"],
         // MariaDB: the aggregate stays in Basin (decimal times bigint is not pushed there).
         my: &["-__common_expr"],
+        // SQL Server: likewise (a decimal times a bigint needs a CAST there).
+        ms: &["-__common_expr"],
     },
     Case {
         name: "count distinct",
@@ -322,18 +422,21 @@ const CASES: &[Case] = &[
         // DataFusion plans it as a GROUP BY below a count: the GROUP BY is pushed.
         pg: &["+GROUP BY"],
         my: &["+GROUP BY"],
+        ms: &["+GROUP BY"],
     },
     Case {
         name: "top-n",
         sql: "SELECT id, price FROM {t}.items ORDER BY price DESC, id LIMIT 5",
         pg: &["+LIMIT 5", "+ORDER BY"],
         my: &["+LIMIT 5", "+ORDER BY"],
+        ms: &["+TOP (5)", "+ORDER BY"],
     },
     Case {
         name: "limit",
         sql: "SELECT count(*) FROM (SELECT id FROM {t}.items LIMIT 3)",
         pg: &["+LIMIT 3"],
         my: &["+LIMIT 3"],
+        ms: &["+TOP (3)"],
     },
     Case {
         name: "join within one source",
@@ -341,30 +444,36 @@ const CASES: &[Case] = &[
               WHERE i.id < 12 ORDER BY i.id",
         pg: &["+JOIN"],
         my: &["+JOIN"],
+        ms: &["+JOIN"],
     },
     Case {
         name: "text equality on a byte-comparing column",
         sql: "SELECT id FROM {t}.items WHERE name = 'item 7'",
         pg: &["+E'item 7'"],
         my: &["+X'6974656D2037'"],
+        // SQL Server ignores trailing spaces and case: pushed as a superset, checked in Basin.
+        ms: &["+N'item 7'"],
     },
     Case {
-        name: "text equality on a case-insensitive MySQL column stays in Basin",
+        name: "text equality on a case-insensitive column is pushed loosely and checked in Basin",
         sql: "SELECT id FROM {t}.items WHERE code = 'abc' ORDER BY id",
         pg: &["+E'abc'"],
-        my: &["-X'616263'"],
+        my: &["+X'616263'"],
+        ms: &["+N'abc'"],
     },
     Case {
         name: "text ordering needs a code-point collation",
         sql: "SELECT id FROM {t}.items WHERE name < 'item 2' ORDER BY id",
         pg: &["-E'item 2'"],
         my: &["+X'6974656D2032'"],
+        ms: &["-N'item 2'"],
     },
     Case {
         name: "float comparisons stay in Basin",
         sql: "SELECT id FROM {t}.items WHERE ratio > 2.5 ORDER BY id",
         pg: &["-2.5"],
         my: &["-2.5"],
+        ms: &["-2.5"],
     },
     Case {
         name: "like, in, between, is null, case",
@@ -374,19 +483,24 @@ const CASES: &[Case] = &[
               ORDER BY id",
         pg: &["+LIKE", "+\"grp\" = 3", "+IS NOT NULL", "+CASE"],
         my: &["+LIKE", "+`grp` = 3", "+IS NOT NULL", "+CASE"],
+        // LIKE on a case-insensitive column stays in Basin, and the CASE above it.
+        ms: &["+[grp] = 3", "+IS NOT NULL", "-CASE"],
     },
     Case {
         name: "scalar subquery",
         sql: "SELECT id FROM {t}.items WHERE price > (SELECT avg(price) FROM {t}.items) \
               ORDER BY id",
         pg: &["+avg("],
-        my: &["+avg("],
+        // A decimal average: MySQL and SQL Server round it at a scale of their own.
+        my: &["-avg("],
+        ms: &["-avg("],
     },
     Case {
         name: "a function Basin does not push keeps the rest pushed",
         sql: "SELECT id FROM {t}.items WHERE grp = 1 AND length(name) > 6 ORDER BY id",
         pg: &["+\"grp\" = 1", "-length("],
         my: &["+`grp` = 1", "-length("],
+        ms: &["+[grp] = 1", "-length("],
     },
     Case {
         name: "timestamps and dates",
@@ -394,6 +508,7 @@ const CASES: &[Case] = &[
               WHERE ts >= TIMESTAMP '2024-01-10 00:00:00' GROUP BY day ORDER BY day",
         pg: &["+GROUP BY"],
         my: &["+GROUP BY"],
+        ms: &["+GROUP BY"],
     },
 ];
 
@@ -435,7 +550,7 @@ fn check_fragments(case: &Case, source: &str, sent: &str, fragments: &[&str]) {
 }
 
 #[test]
-fn conformance_suite_on_postgres_and_mariadb() {
+fn conformance_suite_on_postgres_mariadb_and_sqlserver() {
     let Some(f) = Fixture::new("conformance") else {
         return;
     };
@@ -457,9 +572,11 @@ fn conformance_suite_on_postgres_and_mariadb() {
         let want = f
             .ok(&case.sql.replace("{t}", &format!("lake.{n}")))
             .replace(&format!("lake.{n}."), "lake.");
-        for (catalog, log, fragments) in
-            [("pg", &f.s.pg_log, case.pg), ("my", &f.s.my_log, case.my)]
-        {
+        for (catalog, log, fragments) in [
+            ("pg", &f.s.pg_log, case.pg),
+            ("my", &f.s.my_log, case.my),
+            ("ms", &f.s.ms_log, case.ms),
+        ] {
             let sql = case.sql.replace("{t}", &format!("{catalog}.{n}"));
             let (got, sent) = f.traced(log, &sql);
             let got = got.replace(&format!("{catalog}.{n}."), "lake.");
@@ -540,9 +657,19 @@ fn hostile_strings_are_literals_everywhere() {
         )))
         .collect();
     f.my(&format!(
-        "CREATE TABLE h (id int PRIMARY KEY, s longtext COLLATE utf8mb4_bin NOT NULL) \
+        "CREATE TABLE h (id int PRIMARY KEY, s longtext COLLATE utf8mb4_nopad_bin NOT NULL) \
          DEFAULT CHARSET utf8mb4; INSERT INTO h VALUES {}",
         my_values.join(", ")
+    ));
+    let ms_values: Vec<String> = hostile
+        .iter()
+        .enumerate()
+        .map(|(i, s)| format!("({i}, N'{}')", s.replace('\'', "''")))
+        .collect();
+    f.ms(&format!(
+        "CREATE TABLE {{s}}.h (id int PRIMARY KEY, s nvarchar(max) NOT NULL); \
+         INSERT INTO {{s}}.h VALUES {}",
+        ms_values.join(", ")
     ));
     f.ok(&format!(
         "CREATE SCHEMA lake.{n}; CREATE TABLE lake.{n}.h AS SELECT * FROM my.{n}.h"
@@ -578,6 +705,8 @@ fn hostile_strings_are_literals_everywhere() {
     for (catalog, log, marker) in [
         ("pg", &f.s.pg_log, "E'x\\\\'' OR 1=1) --'"),
         ("my", &f.s.my_log, "X'785C27204F5220313D3129202D2D'"),
+        // SQL Server's equality is looser (padding, case): pushed, and checked in Basin.
+        ("ms", &f.s.ms_log, "N'x\\'' OR 1=1) --'"),
     ] {
         let (got, sent) = f.traced(log, &script(&format!("{catalog}.{n}")));
         assert_eq!(got, want, "{catalog}");
@@ -590,6 +719,7 @@ fn hostile_strings_are_literals_everywhere() {
     // NUL: PostgreSQL cannot hold it (the predicate stays in Basin); MariaDB can.
     let nul = "SELECT id FROM {t}.h WHERE s = 'a' || chr(0) || 'b' ORDER BY id";
     assert_eq!(f.ok(&nul.replace("{t}", &format!("pg.{n}"))), "id\n");
+    assert_eq!(f.ok(&nul.replace("{t}", &format!("ms.{n}"))), "id\n");
     assert_eq!(
         f.ok(&nul.replace("{t}", &format!("my.{n}"))),
         format!("id\n{}\n", hostile.len())
@@ -609,6 +739,10 @@ fn hostile_strings_are_literals_everywhere() {
     assert_eq!(
         f.my("SELECT count(*) FROM h").trim(),
         (hostile.len() + 1).to_string()
+    );
+    assert_eq!(
+        f.ms("SELECT count(*) FROM {s}.h").trim(),
+        hostile.len().to_string()
     );
     assert_eq!(
         f.my(&format!(
@@ -795,6 +929,203 @@ impl Drop for Cluster {
 }
 
 #[test]
+fn sqlserver_type_matrix() {
+    let Some(f) = Fixture::new("mstypes") else {
+        return;
+    };
+    let n = &f.name;
+    f.ms(
+        "CREATE TABLE {s}.t (k int PRIMARY KEY, b bit, ti tinyint, si smallint, i int, \
+           bi bigint, de decimal(12,4), nu numeric(38,0), mo money, sm smallmoney, fl float, \
+           re real, dt date, tm time(3), dtm datetime, dt2 datetime2(6), sdt smalldatetime, \
+           dto datetimeoffset(3), ch char(3), vc varchar(10), nc nchar(2), nv nvarchar(max), \
+           bn binary(2), vb varbinary(max), u uniqueidentifier, x xml); \
+         INSERT INTO {s}.t VALUES (1, 1, 255, -300, -5, -9000000000, 123.4567, \
+           12345678901234567890123456789012345678, 922337203685477.5807, -214748.3648, -2.25, \
+           1.5, '2024-02-29', '13:14:15.123', '2024-02-29 13:14:15.120', \
+           '2024-02-29 13:14:15.123456', '2024-02-29 13:14', '2024-02-29 13:14:15.123 +02:00', \
+           'ab', 'vc', N'ñ', N'tëxt 🦀', 0x00FF, 0x0102, \
+           '6F9619FF-8B86-D011-B42D-00C04FC964FF', '<a>1</a>'); \
+         INSERT INTO {s}.t (k) VALUES (2)",
+    );
+    let out = f.ok(&format!("SELECT * FROM ms.{n}.t ORDER BY k"));
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[1],
+        "1,true,255,-300,-5,-9000000000,123.4567,12345678901234567890123456789012345678,\
+         922337203685477.5807,-214748.3648,-2.25,1.5,2024-02-29,13:14:15.123,\
+         2024-02-29T13:14:15.120,2024-02-29T13:14:15.123456,2024-02-29T13:14:00,\
+         2024-02-29T11:14:15.123Z,ab ,vc,ñ ,tëxt 🦀,00ff,0102,\
+         6F9619FF-8B86-D011-B42D-00C04FC964FF,<a>1</a>",
+        "{out}"
+    );
+    assert_eq!(lines[2], format!("2{}", ",".repeat(25)), "{out}");
+    // The schema Basin reports, and a key-range split read giving the same rows.
+    let described = f.ok(&format!("DESCRIBE ms.{n}.t"));
+    for (column, arrow) in [
+        ("mo", "Decimal128(19, 4)"),
+        ("dto", "Timestamp(µs, \"\"UTC\"\")"),
+        ("u", "Utf8"),
+    ] {
+        assert!(
+            described
+                .lines()
+                .any(|l| l.starts_with(&format!("{column},")) && l.contains(arrow)),
+            "{column} as {arrow}:\n{described}"
+        );
+    }
+}
+
+#[test]
+fn sqlserver_large_scans_split_by_key_and_aggregate_in_the_source() {
+    let Some(f) = Fixture::new("mssplits") else {
+        return;
+    };
+    let n = &f.name;
+    f.ms(
+        "CREATE TABLE {s}.o (id bigint PRIMARY KEY, nation int NOT NULL, amount decimal(10,2) NOT NULL); \
+         WITH d AS (SELECT 0 AS x UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+           UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+           UNION ALL SELECT 8 UNION ALL SELECT 9), \
+         g AS (SELECT a.x + 10 * b.x + 100 * c.x + 1000 * e.x + 10000 * h.x AS v \
+           FROM d a, d b, d c, d e, d h) \
+         INSERT INTO {s}.o SELECT v + 1, v % 25, (v % 1000) * 1.25 FROM g",
+    );
+    let (out, sent) = f.traced(
+        &f.s.ms_log,
+        &format!(
+            "SELECT count(*) AS n, sum(amount) AS s, min(id) AS lo, max(id) AS hi \
+             FROM ms.{n}.o WHERE nation <> 3"
+        ),
+    );
+    // Python: sum((v % 1000) * 1.25 for v in range(100000) if v % 25 != 3)
+    assert_eq!(out, "n,s,lo,hi\n96000,59985000.00,1,100000\n", "{out}");
+    assert!(
+        statements_only(&sent).contains("sum([o].[amount])"),
+        "the aggregate runs in SQL Server: {sent}"
+    );
+    // A plain scan reads in key ranges, one statement per split.
+    let plan = f.ok(&format!("EXPLAIN SELECT id, amount FROM ms.{n}.o"));
+    assert!(plan.contains("ranges of id"), "{plan}");
+    let (out, sent) = f.traced(
+        &f.s.ms_log,
+        // length() is not pushed: the table is read whole, in key ranges.
+        &format!(
+            "SELECT count(*) AS n, count(DISTINCT id) AS d FROM ms.{n}.o \
+             WHERE length(CAST(amount AS VARCHAR)) > 0"
+        ),
+    );
+    assert_eq!(out, "n,d\n100000,100000\n");
+    let ranged = statements_only(&sent)
+        .lines()
+        .filter(|l| l.contains("[id] >=") || l.contains("[id] <"))
+        .count();
+    assert!(ranged >= 2, "{sent}");
+}
+
+#[test]
+fn sqlserver_tls_modes() {
+    let Some(f) = Fixture::new("mstls") else {
+        return;
+    };
+    let n = &f.name;
+    let Some(ca) = std::env::var("BASIN_TEST_SQLSERVER_CA")
+        .ok()
+        .filter(|v| !v.is_empty())
+    else {
+        assert!(!in_ci(), "BASIN_TEST_SQLSERVER_CA is not set");
+        eprintln!("sqlserver_tls_modes: skipped: BASIN_TEST_SQLSERVER_CA is not set");
+        return;
+    };
+    f.ms("CREATE TABLE {s}.t (id int PRIMARY KEY); INSERT INTO {s}.t VALUES (1), (2)");
+    let run = |tls: &str, extra: &str| {
+        let config = f.dir.join(format!("tls-{tls}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "[catalogs.ms]\nconnector = \"sqlserver\"\nurl = \"{}\"\ntls = \"{tls}\"\n{extra}",
+                f.s.ms_url
+            ),
+        )
+        .unwrap();
+        Command::new(env!("CARGO_BIN_EXE_basin"))
+            .args(["standalone", "--format", "csv", "--config"])
+            .arg(&config)
+            .args(["-e", &format!("SELECT count(*) AS n FROM ms.{n}.t")])
+            .env_remove("BASIN_CONFIG")
+            .env("BASIN_DATA_DIR", f.dir.join("data"))
+            .run_within()
+    };
+    for (tls, extra) in [
+        ("disable", String::new()),
+        ("require", String::new()),
+        ("verify-full", format!("tls_ca_file = \"{ca}\"\n")),
+    ] {
+        let out = run(tls, &extra);
+        assert!(out.status.success(), "tls = {tls}: {}", stderr(&out));
+        assert_eq!(stdout(&out), "n\n2\n", "tls = {tls}");
+    }
+    // A certificate no trusted CA signed fails, naming the source and never the password.
+    let out = run("verify-full", "");
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("sqlserver source `ms`"), "{err}");
+    assert!(err.to_lowercase().contains("certificate"), "{err}");
+    assert!(!err.contains("Basin-Passw0rd"), "{err}");
+}
+
+/// The places where a pushed query used to answer differently from Basin (issue 33): each
+/// query is answered by the source and by Basin over an Iceberg copy, and must agree.
+#[test]
+fn pushed_queries_answer_as_basin_does() {
+    let Some(f) = Fixture::new("exact") else {
+        return;
+    };
+    let n = &f.name;
+    f.pg(
+        "CREATE TABLE pad (id int PRIMARY KEY, name text NOT NULL, v numeric(12,2) NOT NULL, a int NOT NULL); \
+         INSERT INTO pad VALUES (1, 'abc', 1.00, 50000), (2, 'abc ', 2.00, 3), (3, 'ABC', 2.00, 7)",
+    );
+    f.my(
+        "CREATE TABLE pad (id int PRIMARY KEY, name varchar(10) COLLATE utf8mb4_bin NOT NULL, \
+           v decimal(12,2) NOT NULL, a int NOT NULL) DEFAULT CHARSET utf8mb4; \
+         INSERT INTO pad VALUES (1, 'abc', 1.00, 50000), (2, 'abc ', 2.00, 3), (3, 'ABC', 2.00, 7)",
+    );
+    f.ms(
+        "CREATE TABLE {s}.pad (id int PRIMARY KEY, name varchar(10) NOT NULL, \
+           v decimal(12,2) NOT NULL, a int NOT NULL); \
+         INSERT INTO {s}.pad VALUES (1, 'abc', 1.00, 50000), (2, 'abc ', 2.00, 3), (3, 'ABC', 2.00, 7)",
+    );
+    f.ok(&format!(
+        "CREATE SCHEMA lake.{n}; CREATE TABLE lake.{n}.pad AS SELECT * FROM pg.{n}.pad"
+    ));
+    for sql in [
+        "SELECT id FROM {t}.pad WHERE name = 'abc' ORDER BY id",
+        "SELECT name, count(*) AS c FROM {t}.pad GROUP BY name ORDER BY name",
+        "SELECT count(DISTINCT name) AS d FROM {t}.pad",
+        "SELECT max(name) AS m, min(name) AS l FROM {t}.pad",
+        "SELECT avg(v) AS a FROM {t}.pad",
+        "SELECT sum(v) / count(*) AS a FROM {t}.pad",
+        "SELECT sum(a) AS s, avg(a) AS m FROM {t}.pad",
+        "SELECT id FROM {t}.pad WHERE name <> 'abc' ORDER BY id",
+    ] {
+        let want = f.ok(&sql.replace("{t}", &format!("lake.{n}")));
+        for catalog in ["pg", "my", "ms"] {
+            let got = f.ok(&sql.replace("{t}", &format!("{catalog}.{n}")));
+            assert_eq!(got, want, "{catalog}: {sql}");
+        }
+    }
+    // A product that overflows a 4-byte integer at the source is computed by Basin.
+    let sql = "SELECT CAST(a AS BIGINT) * a AS p FROM {t}.pad ORDER BY id";
+    let want = f.ok(&sql.replace("{t}", &format!("lake.{n}")));
+    assert_eq!(want, "p\n2500000000\n9\n49\n");
+    for catalog in ["pg", "my", "ms"] {
+        let got = f.ok(&sql.replace("{t}", &format!("{catalog}.{n}")));
+        assert_eq!(got, want, "{catalog}: {sql}");
+    }
+}
+
+#[test]
 fn cross_source_join_runs_on_the_executors() {
     let Some(f) = Fixture::new("cluster") else {
         return;
@@ -907,6 +1238,42 @@ fn cross_source_join_runs_on_the_executors() {
     }
     let ranges = range_lines(&log);
     assert!(ranges >= 2, "expected primary-key range splits:\n{log}");
+
+    // SQL Server beside PostgreSQL, MariaDB and an Iceberg table, in one distributed query.
+    f.ms(
+        "CREATE TABLE {s}.regions (nation int PRIMARY KEY, region nvarchar(20) NOT NULL); \
+         INSERT INTO {s}.regions VALUES (0, N'africa'), (1, N'america'), (2, N'america'), \
+           (3, N'america'), (24, N'america')",
+    );
+    for sql in [
+        format!("CREATE SCHEMA lake.{n}"),
+        format!(
+            "CREATE TABLE lake.{n}.weights AS SELECT * FROM (VALUES ('africa', 2), ('america', 3)) \
+             AS v(region, w)"
+        ),
+    ] {
+        let out = cluster.sql(&sql);
+        assert!(out.status.success(), "{sql}: {}", stderr(&out));
+    }
+    let before = std::fs::metadata(&f.s.ms_log).map(|m| m.len()).unwrap_or(0);
+    let out = cluster.sql(&format!(
+        "SELECT r.region, count(*) AS orders, sum(o.amount * w.w) AS weighted \
+         FROM pg.{n}.orders o JOIN ms.{n}.regions r ON o.nation = r.nation \
+         JOIN my.{n}.nations m ON m.id = r.nation JOIN lake.{n}.weights w ON w.region = r.region \
+         GROUP BY r.region ORDER BY r.region"
+    ));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "region,orders,weighted\nafrica,8000,7800000.00\namerica,32000,47520000.00\n"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let log = log_since(&f.s.ms_log, before);
+    assert!(
+        log.lines()
+            .any(|l| l.contains("sql_batch") && l.contains("[regions]")),
+        "SQL Server was not read:\n{log}"
+    );
 }
 
 #[test]

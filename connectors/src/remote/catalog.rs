@@ -13,14 +13,11 @@ use datafusion::datasource::TableType;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_plan::ExecutionPlan;
-use sqlx::Row;
 
+use super::backend::Described;
 use super::exec::{RemoteQuery, SplitBase, plan_scan};
-use super::source::{Dialect, Pool, RemoteSource};
-use super::sql::{quote_ident, quote_literal};
-use super::types::{
-    RemoteColumn, mysql_binary_collation, mysql_type, postgres_exact_text, postgres_type,
-};
+use super::source::RemoteSource;
+use super::types::RemoteColumn;
 
 type Cached<T> = Mutex<Option<(Instant, T)>>;
 
@@ -185,7 +182,7 @@ pub struct RemoteTable {
     pub schema_name: String,
     pub table_name: String,
     pub columns: Vec<RemoteColumn>,
-    /// MySQL: an integer primary-key column to split scans on.
+    /// MySQL, SQL Server: an integer key column to split scans on.
     pub split_key: Option<String>,
     arrow: SchemaRef,
 }
@@ -220,11 +217,11 @@ impl RemoteTable {
 
     /// `"schema"."table"` in the source's quoting.
     pub fn quoted_name(&self) -> String {
-        let d = self.source.dialect;
+        let d = self.source.sql();
         format!(
             "{}.{}",
-            quote_ident(&self.schema_name, d),
-            quote_ident(&self.table_name, d)
+            d.quote_ident(&self.schema_name),
+            d.quote_ident(&self.table_name)
         )
     }
 
@@ -237,9 +234,9 @@ impl RemoteTable {
         predicate: Option<String>,
         limit: Option<usize>,
     ) -> RemoteQuery {
-        let d = self.source.dialect;
+        let d = self.source.sql();
         let select: Vec<String> = if columns.is_empty() {
-            vec![format!("1 AS {}", quote_ident("c0", d))]
+            vec![format!("1 AS {}", d.quote_ident("c0"))]
         } else {
             columns
                 .iter()
@@ -247,26 +244,22 @@ impl RemoteTable {
                 .map(|(i, c)| {
                     format!(
                         "{} AS {}",
-                        quote_ident(c, d),
-                        quote_ident(&format!("c{i}"), d)
+                        d.quote_ident(c),
+                        d.quote_ident(&format!("c{i}"))
                     )
                 })
                 .collect()
         };
-        let mut select_from = format!("SELECT {} FROM {}", select.join(", "), self.quoted_name());
+        let mut from = self.quoted_name();
         if let Some(a) = alias {
-            select_from.push_str(&format!(" AS {}", quote_ident(a, d)));
+            from.push_str(&format!(" AS {}", d.quote_ident(a)));
         }
-        let mut sql = select_from.clone();
-        if let Some(p) = &predicate {
-            sql.push_str(&format!(" WHERE {p}"));
-        }
-        if let Some(n) = limit {
-            sql.push_str(&format!(" LIMIT {n}"));
-        }
+        let select = select.join(", ");
+        let select_from = d.select(&select, &from, None, None);
+        let sql = d.select(&select, &from, predicate.as_deref(), limit);
         RemoteQuery {
             source: self.source.name.clone(),
-            dialect: d,
+            dialect: self.source.dialect,
             sql,
             split: limit.is_none().then(|| SplitBase {
                 schema: self.schema_name.clone(),
@@ -351,176 +344,14 @@ impl TableProvider for RemoteTable {
     }
 }
 
-fn query_error(source: &RemoteSource, what: &str) -> impl Fn(sqlx::Error) -> DataFusionError {
-    move |e| source.error(what, e)
-}
-
 async fn list_schemas(source: &RemoteSource) -> Result<Vec<String>> {
-    match source.pool() {
-        Pool::Postgres(pool) => {
-            let rows: Vec<(String,)> = sqlx::query_as(
-                "SELECT nspname::text FROM pg_namespace \
-                 WHERE nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast') \
-                   AND nspname NOT LIKE 'pg\\_temp\\_%' AND nspname NOT LIKE 'pg\\_toast\\_temp\\_%' \
-                   AND has_schema_privilege(oid, 'USAGE') ORDER BY 1",
-            )
-            .fetch_all(pool)
-            .await
-            .map_err(query_error(source, "cannot list schemas"))?;
-            Ok(rows.into_iter().map(|r| r.0).collect())
-        }
-        Pool::MySql(pool) => {
-            let rows = mysql_text_rows(
-                pool,
-                "SELECT SCHEMA_NAME FROM information_schema.SCHEMATA WHERE SCHEMA_NAME NOT IN \
-                 ('information_schema', 'mysql', 'performance_schema', 'sys') ORDER BY 1",
-            )
-            .await
-            .map_err(query_error(source, "cannot list schemas"))?;
-            Ok(rows.into_iter().filter_map(|mut r| r.remove(0)).collect())
-        }
-    }
+    source.backend().list_schemas(source).await
 }
 
 async fn list_tables(source: &RemoteSource, schema: &str) -> Result<Vec<String>> {
-    match source.pool() {
-        Pool::Postgres(pool) => {
-            let rows: Vec<(String,)> = sqlx::query_as(
-                "SELECT c.relname::text FROM pg_class c \
-                 JOIN pg_namespace n ON n.oid = c.relnamespace \
-                 WHERE n.nspname = $1 AND c.relkind IN ('r', 'v', 'm', 'p', 'f') \
-                   AND NOT c.relispartition ORDER BY 1",
-            )
-            .bind(schema)
-            .fetch_all(pool)
-            .await
-            .map_err(query_error(source, "cannot list tables"))?;
-            Ok(rows.into_iter().map(|r| r.0).collect())
-        }
-        Pool::MySql(pool) => {
-            let sql = format!(
-                "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = {} ORDER BY 1",
-                quote_literal(schema, Dialect::MySql)?
-            );
-            let rows = mysql_text_rows(pool, &sql)
-                .await
-                .map_err(query_error(source, "cannot list tables"))?;
-            Ok(rows.into_iter().filter_map(|mut r| r.remove(0)).collect())
-        }
-    }
+    source.backend().list_tables(source, schema).await
 }
-
-type Described = Option<(Vec<RemoteColumn>, Option<String>)>;
 
 async fn describe_table(source: &RemoteSource, schema: &str, table: &str) -> Result<Described> {
-    let mut columns = vec![];
-    let mut key = None;
-    match source.pool() {
-        Pool::Postgres(pool) => {
-            let rows = sqlx::query(
-                "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod), \
-                   COALESCE(bt.typname, t.typname)::text, \
-                   CASE WHEN a.atttypmod >= 0 THEN a.atttypmod ELSE t.typtypmod END, \
-                   et.typname::text, NOT a.attnotnull, COALESCE(co.collname::text, ''), \
-                   COALESCE(co.collisdeterministic, true), \
-                   (SELECT datcollate::text FROM pg_database WHERE datname = current_database()) \
-                 FROM pg_attribute a \
-                 JOIN pg_class c ON c.oid = a.attrelid \
-                 JOIN pg_namespace n ON n.oid = c.relnamespace \
-                 JOIN pg_type t ON t.oid = a.atttypid \
-                 LEFT JOIN pg_type bt ON t.typtype = 'd' AND bt.oid = t.typbasetype \
-                 LEFT JOIN pg_type et ON et.oid = COALESCE(bt.typelem, t.typelem) \
-                   AND COALESCE(bt.typcategory, t.typcategory) = 'A' \
-                 LEFT JOIN pg_collation co ON co.oid = a.attcollation \
-                 WHERE n.nspname = $1 AND c.relname = $2 AND a.attnum > 0 AND NOT a.attisdropped \
-                 ORDER BY a.attnum",
-            )
-            .bind(schema)
-            .bind(table)
-            .fetch_all(pool)
-            .await
-            .map_err(query_error(source, "cannot describe table"))?;
-            for r in rows {
-                let get = |e: sqlx::Error| source.error("cannot describe table", e);
-                let name: String = r.try_get(0).map_err(get)?;
-                let printed: String = r.try_get(1).map_err(get)?;
-                let typname: String = r.try_get(2).map_err(get)?;
-                let typmod: i32 = r.try_get(3).map_err(get)?;
-                let element: Option<String> = r.try_get(4).map_err(get)?;
-                let nullable: bool = r.try_get(5).map_err(get)?;
-                let collation: String = r.try_get(6).map_err(get)?;
-                let deterministic: bool = r.try_get(7).map_err(get)?;
-                let db_collate: Option<String> = r.try_get(8).map_err(get)?;
-                let data_type = postgres_type(&typname, typmod, element.as_deref());
-                let exact = postgres_exact_text(&typname, deterministic);
-                let c_order = |c: &str| c == "C" || c == "POSIX";
-                let ordered = exact
-                    && (c_order(&collation)
-                        || (collation == "default" && db_collate.as_deref().is_some_and(c_order)));
-                columns.push(RemoteColumn {
-                    name,
-                    source_type: printed,
-                    data_type,
-                    nullable,
-                    exact_text: exact,
-                    ordered_text: ordered,
-                });
-            }
-        }
-        Pool::MySql(pool) => {
-            let sql = format!(
-                "SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, NUMERIC_PRECISION, NUMERIC_SCALE, \
-                   IS_NULLABLE, COLLATION_NAME, COLUMN_KEY \
-                 FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = {} AND TABLE_NAME = {} \
-                 ORDER BY ORDINAL_POSITION",
-                quote_literal(schema, Dialect::MySql)?,
-                quote_literal(table, Dialect::MySql)?
-            );
-            let rows = mysql_text_rows(pool, &sql)
-                .await
-                .map_err(query_error(source, "cannot describe table"))?;
-            let mut keys = vec![];
-            for r in rows {
-                let s = |i: usize| r[i].clone().unwrap_or_default();
-                let n = |i: usize| r[i].as_deref().and_then(|v| v.parse().ok()).unwrap_or(0i64);
-                let data_type_name = s(1).to_ascii_lowercase();
-                let column_type = s(2).to_ascii_lowercase();
-                let data_type = mysql_type(&data_type_name, &column_type, n(3), n(4));
-                let binary = mysql_binary_collation(r[6].as_deref());
-                if s(7) == "PRI" {
-                    keys.push((s(0), data_type.is_integer()));
-                }
-                columns.push(RemoteColumn {
-                    name: s(0),
-                    source_type: column_type,
-                    data_type,
-                    nullable: s(5) == "YES",
-                    exact_text: binary,
-                    ordered_text: binary,
-                });
-            }
-            if let [(name, true)] = keys.as_slice() {
-                key = Some(name.clone());
-            }
-        }
-    }
-    Ok((!columns.is_empty()).then_some((columns, key)))
-}
-
-/// Runs `sql` over MySQL's text protocol; every value as text (NULL = `None`).
-pub async fn mysql_text_rows(
-    pool: &sqlx::MySqlPool,
-    sql: &str,
-) -> std::result::Result<Vec<Vec<Option<String>>>, sqlx::Error> {
-    let rows = sqlx::raw_sql(sql).fetch_all(pool).await?;
-    rows.iter()
-        .map(|row| {
-            (0..row.len())
-                .map(|i| {
-                    let v: Option<&[u8]> = row.try_get_unchecked(i)?;
-                    Ok(v.map(|b| String::from_utf8_lossy(b).into_owned()))
-                })
-                .collect()
-        })
-        .collect()
+    source.backend().describe_table(source, schema, table).await
 }

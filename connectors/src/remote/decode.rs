@@ -1,4 +1,5 @@
-//! Source values → Arrow arrays: PostgreSQL's binary COPY format and MySQL's text protocol.
+//! Source values → Arrow arrays: PostgreSQL's binary COPY format, MySQL's text protocol, and
+//! typed values from drivers that decode rows themselves (SQL Server's TDS).
 
 use std::sync::Arc;
 
@@ -406,6 +407,36 @@ impl Builder {
         })
     }
 
+    /// The Arrow type this builder makes (for errors).
+    fn data_type(&self) -> DataType {
+        match self {
+            Builder::Boolean(_) => DataType::Boolean,
+            Builder::Int8(_) => DataType::Int8,
+            Builder::Int16(_) => DataType::Int16,
+            Builder::Int32(_) => DataType::Int32,
+            Builder::Int64(_) => DataType::Int64,
+            Builder::UInt8(_) => DataType::UInt8,
+            Builder::UInt16(_) => DataType::UInt16,
+            Builder::UInt32(_) => DataType::UInt32,
+            Builder::UInt64(_) => DataType::UInt64,
+            Builder::Float32(_) => DataType::Float32,
+            Builder::Float64(_) => DataType::Float64,
+            Builder::Utf8(_) | Builder::Text(_) => DataType::Utf8,
+            Builder::Binary(_) => DataType::Binary,
+            Builder::Date32(_) => DataType::Date32,
+            Builder::Timestamp(_) => DataType::Timestamp(TimeUnit::Microsecond, None),
+            Builder::Time64(_) => DataType::Time64(TimeUnit::Microsecond),
+            Builder::Interval(_) => DataType::Interval(IntervalUnit::MonthDayNano),
+            Builder::Decimal128(_, s) => DataType::Decimal128(38, *s),
+            Builder::Decimal256(_, s) => DataType::Decimal256(76, *s),
+            Builder::List(_) => DataType::List(Arc::new(datafusion::arrow::datatypes::Field::new(
+                "item",
+                DataType::Null,
+                true,
+            ))),
+        }
+    }
+
     fn append_null(&mut self) {
         each_builder!(self, b => b.append_null())
     }
@@ -552,6 +583,87 @@ impl Columns {
     /// Appends one MySQL text-protocol value to column `i`.
     pub fn push_mysql(&mut self, i: usize, value: Option<&[u8]>) -> Result<()> {
         push_mysql(&mut self.builders[i], value)
+    }
+
+    /// Appends one value a driver decoded to column `i`.
+    pub fn push_value(&mut self, i: usize, value: Value<'_>) -> Result<()> {
+        push_value(&mut self.builders[i], value)
+    }
+}
+
+/// A value as a driver decodes it, before it meets the column's Arrow type.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Value<'a> {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Text(&'a str),
+    Bytes(&'a [u8]),
+    /// Days since 1970-01-01.
+    Date(i32),
+    /// Microseconds since midnight.
+    Time(i64),
+    /// Microseconds since 1970-01-01 00:00 (UTC for zoned columns).
+    Timestamp(i64),
+    /// An unscaled value and its scale.
+    Decimal(i128, u8),
+}
+
+fn push_value(b: &mut Builder, value: Value<'_>) -> Result<()> {
+    let mismatch = |b: &Builder| {
+        Err(DataFusionError::Internal(format!(
+            "a source value {value:?} does not fit a column read as {}",
+            b.data_type()
+        )))
+    };
+    let int = |v: i64, what: &str| bad(what, format!("{v} is out of range"));
+    match (b, value) {
+        (b, Value::Null) => b.append_null(),
+        (Builder::Boolean(b), Value::Bool(v)) => b.append_value(v),
+        (Builder::Int16(b), Value::Int(v)) => {
+            b.append_value(i16::try_from(v).map_err(|_| int(v, "smallint"))?)
+        }
+        (Builder::Int32(b), Value::Int(v)) => {
+            b.append_value(i32::try_from(v).map_err(|_| int(v, "int"))?)
+        }
+        (Builder::Int64(b), Value::Int(v)) => b.append_value(v),
+        (Builder::Float32(b), Value::Float(v)) => b.append_value(v as f32),
+        (Builder::Float64(b), Value::Float(v)) => b.append_value(v),
+        (Builder::Text(b), Value::Text(v)) => b.append_value(v.as_bytes()),
+        (Builder::Utf8(b), Value::Text(v)) => b.append_value(v),
+        (Builder::Binary(b), Value::Bytes(v)) => b.append_value(v),
+        (Builder::Date32(b), Value::Date(v)) => b.append_value(v),
+        (Builder::Time64(b), Value::Time(v)) => b.append_value(v),
+        (Builder::Timestamp(b), Value::Timestamp(v)) => b.append_value(v),
+        (Builder::Decimal128(b, s), Value::Decimal(v, scale)) => {
+            b.append_value(rescale(v, scale, *s)?)
+        }
+        (Builder::Decimal256(b, s), Value::Decimal(v, scale)) => {
+            b.append_value(i256::from_i128(rescale(v, scale, *s)?))
+        }
+        (b, _) => return mismatch(b),
+    }
+    Ok(())
+}
+
+/// `v` (at `from` digits after the point) at `to` digits; a value that would lose digits is
+/// an error, never silently rounded.
+fn rescale(v: i128, from: u8, to: i8) -> Result<i128> {
+    let to = to.max(0) as u8;
+    let overflow = || bad("decimal", format!("{v}e-{from} does not fit scale {to}"));
+    if from == to {
+        return Ok(v);
+    }
+    let factor = 10i128
+        .checked_pow(u32::from(from.abs_diff(to)))
+        .ok_or_else(overflow)?;
+    if from < to {
+        v.checked_mul(factor).ok_or_else(overflow)
+    } else if v % factor == 0 {
+        Ok(v / factor)
+    } else {
+        Err(overflow())
     }
 }
 

@@ -1,13 +1,13 @@
 //! Remote queries as plan nodes: `RemoteQueryTable` (what the pushdown rule puts in the
 //! logical plan) and `RemoteScanExec` (its splits, run on executors).
 //!
-//! PostgreSQL splits are `ctid` page ranges read with `COPY (…) TO STDOUT (FORMAT binary)`,
-//! all under one snapshot exported by the scheduler (`pg_export_snapshot`), so every split
-//! sees the same data. MySQL splits are ranges of an integer primary key.
+//! How a source splits a scan and reads a split is its [`Backend`](super::backend::Backend)'s
+//! business (PostgreSQL: `ctid` page ranges under one exported snapshot; MySQL and SQL
+//! Server: ranges of an integer key).
 
 use std::any::Any;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::{Schema, SchemaRef};
@@ -25,15 +25,10 @@ use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
 use futures::StreamExt;
-use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
-use sqlx::{Executor, Row};
 
-use super::decode::{Columns, CopyParser};
-use super::pgwire;
-use super::source::{Dialect, Pool, RemoteSource, source};
-use super::sql::{quote_ident, quote_literal};
-use super::types::postgres_wire_type;
+use super::backend::{Dialect, Keepalive};
+use super::source::source;
 
 /// A query for one source, producing columns `c0..cN`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -55,7 +50,7 @@ pub struct SplitBase {
     pub select_from: String,
     /// The pushed-down predicate, rendered.
     pub predicate: Option<String>,
-    /// MySQL: the integer primary key to split on.
+    /// MySQL, SQL Server: the integer key to split on.
     pub key: Option<String>,
 }
 
@@ -152,33 +147,13 @@ pub struct RemoteScanSpec {
     pub schema_ipc: Vec<u8>,
 }
 
-/// Keeps the exporting transaction of a PostgreSQL snapshot open while the plan lives.
-struct SnapshotHolder(Mutex<Option<sqlx::PgConnection>>);
-
-impl Drop for SnapshotHolder {
-    fn drop(&mut self) {
-        if let Some(conn) = self.0.lock().ok().and_then(|mut c| c.take()) {
-            crate::io_runtime().spawn(async move {
-                use sqlx::Connection;
-                let _ = conn.close().await;
-            });
-        }
-    }
-}
-
-impl fmt::Debug for SnapshotHolder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("SnapshotHolder")
-    }
-}
-
 /// Reads a remote query, one split per partition.
 #[derive(Debug)]
 pub struct RemoteScanExec {
     spec: RemoteScanSpec,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
-    _snapshot: Option<Arc<SnapshotHolder>>,
+    _keepalive: Option<Arc<dyn Keepalive>>,
 }
 
 pub fn schema_to_ipc(schema: &Schema) -> Result<Vec<u8>> {
@@ -204,7 +179,7 @@ impl RemoteScanExec {
     fn with_schema(
         spec: RemoteScanSpec,
         schema: SchemaRef,
-        snapshot: Option<Arc<SnapshotHolder>>,
+        keepalive: Option<Arc<dyn Keepalive>>,
     ) -> Self {
         let properties = Arc::new(PlanProperties::new(
             EquivalenceProperties::new(schema.clone()),
@@ -216,7 +191,7 @@ impl RemoteScanExec {
             spec,
             schema,
             properties,
-            _snapshot: snapshot,
+            _keepalive: keepalive,
         }
     }
 
@@ -230,29 +205,9 @@ impl RemoteScanExec {
     }
 }
 
-/// The statement a split sends: PostgreSQL wraps the query in a binary COPY whose columns are
-/// cast to the types Basin decodes; MySQL runs it as it is.
+/// The statement a split sends, in its source's dialect.
 fn statement(query: &RemoteQuery, split_sql: &str, schema: &SchemaRef) -> String {
-    match query.dialect {
-        Dialect::Postgres => {
-            let columns: Vec<String> = schema
-                .fields()
-                .iter()
-                .map(|f| {
-                    format!(
-                        "q.{}::{}",
-                        quote_ident(f.name(), Dialect::Postgres),
-                        postgres_wire_type(f.data_type())
-                    )
-                })
-                .collect();
-            format!(
-                "COPY (SELECT {} FROM ({split_sql}) AS q) TO STDOUT (FORMAT binary)",
-                columns.join(", ")
-            )
-        }
-        Dialect::MySql => split_sql.to_string(),
-    }
+    query.dialect.sql().statement(split_sql, schema)
 }
 
 impl DisplayAs for RemoteScanExec {
@@ -316,14 +271,20 @@ impl ExecutionPlan for RemoteScanExec {
         let snapshot = self.spec.snapshot.clone();
         let task_source = source.clone();
         crate::io_runtime().spawn(async move {
-            let result = match task_source.dialect {
-                Dialect::Postgres => {
-                    run_postgres(&task_source, &statement, snapshot, schema, batch_size, &tx).await
-                }
-                Dialect::MySql => {
-                    run_mysql(&task_source, &statement, schema, batch_size, &tx).await
-                }
+            let _permit = tokio::select! {
+                p = task_source.permits.clone().acquire_owned() => match p {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let _ = tx.send(Err(task_source.error("closed", e))).await;
+                        return;
+                    }
+                },
+                _ = tx.closed() => return,
             };
+            let result = task_source
+                .backend()
+                .read(&task_source, &statement, snapshot, schema, batch_size, &tx)
+                .await;
             if let Err(e) = result {
                 let _ = tx.send(Err(e)).await;
             }
@@ -336,337 +297,6 @@ impl ExecutionPlan for RemoteScanExec {
             stream.boxed(),
         )))
     }
-}
-
-/// What stopped a remote read early.
-enum Stop {
-    /// The consumer went away (query cancelled or LIMIT satisfied).
-    Cancelled,
-    Failed(DataFusionError),
-}
-
-fn run_postgres<'a>(
-    source: &'a Arc<RemoteSource>,
-    statement: &'a str,
-    snapshot: Option<String>,
-    schema: SchemaRef,
-    batch_size: usize,
-    tx: &'a tokio::sync::mpsc::Sender<Result<RecordBatch>>,
-) -> BoxFuture<'a, Result<()>> {
-    Box::pin(async move {
-        let Pool::Postgres(pool) = source.pool() else {
-            return Err(DataFusionError::Internal("not a PostgreSQL source".into()));
-        };
-        let _permit = tokio::select! {
-            p = source.permits.clone().acquire_owned() => p.map_err(|e| source.error("closed", e))?,
-            _ = tx.closed() => return Ok(()),
-        };
-        if let Some(id) = &snapshot
-            && !id.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-')
-        {
-            return Err(DataFusionError::Internal(format!(
-                "bad PostgreSQL snapshot id {id:?}"
-            )));
-        }
-        if let Some(target) = source.copy_target() {
-            match copy_own_session(
-                source, target, statement, &snapshot, &schema, batch_size, tx,
-            )
-            .await?
-            {
-                Read::Done => return Ok(()),
-                Read::Unsupported(why) => source.copy_through_pool(why),
-            }
-        }
-        let mut conn = pool
-            .acquire()
-            .await
-            .map_err(|e| source.error("cannot connect", e))?;
-        if let Some(id) = &snapshot {
-            (&mut *conn).execute(format!(
-            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{id}'"
-        ).as_str())
-        .await
-        .map_err(|e| source.error("cannot join the scan's snapshot (it ends when the query does)", e))?;
-        }
-        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(|e| source.error("query failed", e))?;
-        let outcome: std::result::Result<(), Stop> = async {
-            // PostgreSQL answers a COPY only once its query produces: a slow query is
-            // cancelled while it has not sent anything yet too.
-            let mut stream = tokio::select! {
-                s = conn.copy_out_raw(statement) => {
-                    s.map_err(|e| Stop::Failed(source.error("query failed", e)))?
-                }
-                _ = tx.closed() => return Err(Stop::Cancelled),
-            };
-            let mut parser = CopyParser::new();
-            let mut columns = Columns::new(schema.clone(), batch_size).map_err(Stop::Failed)?;
-            // One wait for the reader to go away for the whole stream, not one per row.
-            let closed = tx.closed();
-            tokio::pin!(closed);
-            loop {
-                let chunk = tokio::select! {
-                    biased;
-                    c = stream.next() => c,
-                    _ = &mut closed => return Err(Stop::Cancelled),
-                };
-                match chunk {
-                    Some(Ok(bytes)) => {
-                        parser.feed(bytes);
-                        loop {
-                            parser
-                                .parse(&mut columns, batch_size)
-                                .map_err(Stop::Failed)?;
-                            if columns.rows() < batch_size {
-                                break;
-                            }
-                            flush(&mut columns, tx).await?;
-                        }
-                    }
-                    Some(Err(e)) => return Err(Stop::Failed(source.error("query failed", e))),
-                    None => break,
-                }
-            }
-            flush(&mut columns, tx).await?;
-            Ok(())
-        }
-        .await;
-        match outcome {
-            Ok(()) => {
-                if snapshot.is_some() {
-                    let _ = (&mut *conn).execute("COMMIT").await;
-                }
-                Ok(())
-            }
-            Err(stop) => {
-                // The connection is mid-query: never give it back to the pool.
-                conn.close_on_drop();
-                drop(conn);
-                if let Ok(mut other) = pool.acquire().await {
-                    let _ = sqlx::query("SELECT pg_cancel_backend($1)")
-                        .bind(pid)
-                        .execute(&mut *other)
-                        .await;
-                }
-                match stop {
-                    Stop::Cancelled => Ok(()),
-                    Stop::Failed(e) => Err(e),
-                }
-            }
-        }
-    })
-}
-
-/// Sends the rows `columns` hold as one batch (nothing when they hold none).
-async fn flush(
-    columns: &mut Columns,
-    tx: &tokio::sync::mpsc::Sender<Result<RecordBatch>>,
-) -> std::result::Result<(), Stop> {
-    if columns.rows() > 0 {
-        let batch = columns.finish().map_err(Stop::Failed)?;
-        tx.send(Ok(batch)).await.map_err(|_| Stop::Cancelled)?;
-    }
-    Ok(())
-}
-
-/// How [`copy_own_session`] ended.
-enum Read {
-    Done,
-    /// The session needs what [`pgwire`] does not speak: read through the pool.
-    Unsupported(&'static str),
-}
-
-/// Reads a PostgreSQL split over a session of its own ([`pgwire`]): the COPY stream's frames
-/// are parsed where the socket reads put them.
-async fn copy_own_session(
-    source: &Arc<RemoteSource>,
-    target: &pgwire::Target,
-    statement: &str,
-    snapshot: &Option<String>,
-    schema: &SchemaRef,
-    batch_size: usize,
-    tx: &tokio::sync::mpsc::Sender<Result<RecordBatch>>,
-) -> Result<Read> {
-    let sql = match snapshot {
-        Some(id) => format!(
-            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{id}'; \
-             {statement}; COMMIT"
-        ),
-        None => statement.to_string(),
-    };
-    // An idle session of an earlier split, else a new one. A kept session that the server
-    // closed meanwhile fails to start: the next kept one, or a new one, takes over.
-    let mut conn = loop {
-        let (mut conn, kept) = match source.take_copy_session() {
-            Some(conn) => (conn, true),
-            None => {
-                let connected = tokio::select! {
-                    c = pgwire::CopyConn::connect(target) => c,
-                    _ = tx.closed() => return Ok(Read::Done),
-                };
-                match connected.map_err(|e| source.error("cannot connect", e))? {
-                    pgwire::Connected::Ready(conn) => (conn, false),
-                    pgwire::Connected::Unsupported(why) => return Ok(Read::Unsupported(why)),
-                }
-            }
-        };
-        let started = tokio::select! {
-            r = conn.start_copy(&sql) => r,
-            _ = tx.closed() => {
-                conn.cancel().await;
-                return Ok(Read::Done);
-            }
-        };
-        match started {
-            Ok(()) => break conn,
-            Err(pgwire::WireError::Io(e)) if kept => {
-                tracing::debug!(source = %source.name, "a kept COPY session is gone: {e}");
-            }
-            Err(e) => {
-                conn.cancel().await;
-                return Err(source.error("query failed", e));
-            }
-        }
-    };
-    let failed = |e: pgwire::WireError| Stop::Failed(source.error("query failed", e));
-    let outcome: std::result::Result<(), Stop> = async {
-        let mut parser = CopyParser::new();
-        let mut columns = Columns::new(schema.clone(), batch_size).map_err(Stop::Failed)?;
-        let closed = tx.closed();
-        tokio::pin!(closed);
-        loop {
-            match conn.next_frame().map_err(failed)? {
-                pgwire::Frame::Data => {
-                    let data = conn.data();
-                    let mut at = 0;
-                    loop {
-                        at += parser
-                            .parse_slice(&data[at..], &mut columns, batch_size)
-                            .map_err(Stop::Failed)?;
-                        if columns.rows() < batch_size {
-                            break;
-                        }
-                        flush(&mut columns, tx).await?;
-                    }
-                    parser.keep(&data[at..]);
-                }
-                pgwire::Frame::NeedMore => tokio::select! {
-                    biased;
-                    r = conn.read_more() => r.map_err(failed)?,
-                    _ = &mut closed => return Err(Stop::Cancelled),
-                },
-                pgwire::Frame::Done => break,
-            }
-        }
-        if !parser.done {
-            return Err(Stop::Failed(
-                source.error("query failed", "the COPY stream ended before its trailer"),
-            ));
-        }
-        flush(&mut columns, tx).await?;
-        Ok(())
-    }
-    .await;
-    match outcome {
-        Ok(()) => {
-            source.keep_copy_session(conn);
-            Ok(Read::Done)
-        }
-        Err(stop) => {
-            // Whatever still runs for this session stops: the query, then the session.
-            conn.cancel().await;
-            match stop {
-                Stop::Cancelled => Ok(Read::Done),
-                Stop::Failed(e) => Err(e),
-            }
-        }
-    }
-}
-
-fn run_mysql<'a>(
-    source: &'a Arc<RemoteSource>,
-    statement: &'a str,
-    schema: SchemaRef,
-    batch_size: usize,
-    tx: &'a tokio::sync::mpsc::Sender<Result<RecordBatch>>,
-) -> BoxFuture<'a, Result<()>> {
-    Box::pin(async move {
-        let Pool::MySql(pool) = source.pool() else {
-            return Err(DataFusionError::Internal("not a MySQL source".into()));
-        };
-        let _permit = tokio::select! {
-            p = source.permits.clone().acquire_owned() => p.map_err(|e| source.error("closed", e))?,
-            _ = tx.closed() => return Ok(()),
-        };
-        let mut conn = pool
-            .acquire()
-            .await
-            .map_err(|e| source.error("cannot connect", e))?;
-        let id_row = (&mut *conn)
-            .fetch_one("SELECT CONNECTION_ID()")
-            .await
-            .map_err(|e| source.error("query failed", e))?;
-        let id: Option<&[u8]> = id_row
-            .try_get_unchecked(0)
-            .map_err(|e| source.error("query failed", e))?;
-        let id: u64 = id
-            .and_then(|b| std::str::from_utf8(b).ok()?.parse().ok())
-            .unwrap_or(0);
-        let outcome: std::result::Result<(), Stop> = async {
-            let mut rows = (&mut *conn).fetch(statement);
-            let mut columns = Columns::new(schema.clone(), batch_size).map_err(Stop::Failed)?;
-            let width = columns.width();
-            let closed = tx.closed();
-            tokio::pin!(closed);
-            loop {
-                let row = tokio::select! {
-                    biased;
-                    r = rows.next() => r,
-                    _ = &mut closed => return Err(Stop::Cancelled),
-                };
-                match row {
-                    Some(Ok(row)) => {
-                        for i in 0..width {
-                            let v: Option<&[u8]> = row.try_get_unchecked(i).map_err(|e| {
-                                Stop::Failed(source.error("cannot read a value", e))
-                            })?;
-                            columns.push_mysql(i, v).map_err(Stop::Failed)?;
-                        }
-                        columns.end_row();
-                        if columns.rows() >= batch_size {
-                            flush(&mut columns, tx).await?;
-                        }
-                    }
-                    Some(Err(e)) => return Err(Stop::Failed(source.error("query failed", e))),
-                    None => break,
-                }
-            }
-            flush(&mut columns, tx).await?;
-            Ok(())
-        }
-        .await;
-        match outcome {
-            Ok(()) => Ok(()),
-            Err(stop) => {
-                conn.close_on_drop();
-                drop(conn);
-                if id > 0
-                    && let Ok(mut other) = pool.acquire().await
-                {
-                    let _ = (&mut *other)
-                        .execute(format!("KILL QUERY {id}").as_str())
-                        .await;
-                }
-                match stop {
-                    Stop::Cancelled => Ok(()),
-                    Stop::Failed(e) => Err(e),
-                }
-            }
-        }
-    })
 }
 
 /// Splits of one scan per task slot of the cluster when the source sets no `max_splits`: two
@@ -689,190 +319,34 @@ pub async fn plan_scan(
         .max(1);
     let task_src = src.clone();
     let task_query = query.clone();
-    let (splits, note, snapshot, holder) = src
-        .call(async move { plan_splits(&task_src, &task_query, max_splits).await })
+    let splits = src
+        .call(async move {
+            task_src
+                .backend()
+                .plan_splits(&task_src, &task_query, max_splits)
+                .await
+        })
         .await?;
     let spec = RemoteScanSpec {
         query,
-        splits,
-        split_note: note,
-        snapshot,
+        splits: splits.queries,
+        split_note: splits.note,
+        snapshot: splits.snapshot,
         schema_ipc: schema_to_ipc(&schema)?,
     };
-    Ok(Arc::new(RemoteScanExec::with_schema(spec, schema, holder)))
+    Ok(Arc::new(RemoteScanExec::with_schema(
+        spec,
+        schema,
+        splits.keepalive,
+    )))
 }
 
-type Splits = (
-    Vec<String>,
-    Option<String>,
-    Option<String>,
-    Option<Arc<SnapshotHolder>>,
-);
-
-fn with_range(base: &SplitBase, range: &str) -> String {
-    match &base.predicate {
-        Some(p) => format!("{} WHERE {range} AND ({p})", base.select_from),
-        None => format!("{} WHERE {range}", base.select_from),
-    }
-}
-
-/// `n` ranges over `[lo, hi]`: the first open below, the last open above, so rows outside
-/// the estimate are still read.
-fn ranges(lo: i128, hi: i128, n: usize, column: &str) -> Vec<String> {
-    let n = n.max(1) as i128;
-    let width = ((hi - lo) / n).max(1);
-    let bounds: Vec<i128> = (1..n).map(|i| lo + i * width).collect();
-    let mut out = vec![];
-    for i in 0..=bounds.len() {
-        let lower = (i > 0).then(|| format!("{column} >= {}", bounds[i - 1]));
-        let upper = (i < bounds.len()).then(|| format!("{column} < {}", bounds[i]));
-        out.push(
-            [lower, upper]
-                .into_iter()
-                .flatten()
-                .collect::<Vec<_>>()
-                .join(" AND "),
-        );
-    }
-    out
-}
-
-fn plan_splits<'a>(
-    src: &'a Arc<RemoteSource>,
-    query: &'a RemoteQuery,
-    max_splits: usize,
-) -> BoxFuture<'a, Result<Splits>> {
-    Box::pin(async move {
-        let single = || Ok((vec![query.sql.clone()], None, None, None));
-        let Some(base) = &query.split else {
-            return single();
-        };
-        if max_splits <= 1 {
-            return single();
+impl SplitBase {
+    /// The scan restricted to `range` (a predicate on the split key), with its own predicate.
+    pub fn with_range(&self, range: &str) -> String {
+        match &self.predicate {
+            Some(p) => format!("{} WHERE {range} AND ({p})", self.select_from),
+            None => format!("{} WHERE {range}", self.select_from),
         }
-        match src.pool() {
-            Pool::Postgres(pool) => {
-                // The table's size now, not `relpages` (an estimate that stays 0 until the
-                // first ANALYZE: a freshly loaded table would be read in one piece).
-                let row: Option<(i64, String, i32)> = sqlx::query_as(
-                    "SELECT pg_relation_size(c.oid) / current_setting('block_size')::int8, \
-                 c.relkind::text, current_setting('server_version_num')::int \
-                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-                 WHERE n.nspname = $1 AND c.relname = $2",
-                )
-                .bind(&base.schema)
-                .bind(&base.table)
-                .fetch_optional(pool)
-                .await
-                .map_err(|e| src.error("cannot size the table", e))?;
-                let Some((pages, kind, version)) = row else {
-                    return single();
-                };
-                // TID range scans need PostgreSQL 14; views and foreign tables have no pages.
-                if version < 140_000 || !(kind == "r" || kind == "m") || pages <= 1 {
-                    return single();
-                }
-                let bytes = pages as u64 * 8192;
-                let n = (bytes.div_ceil(src.split_size_bytes()) as usize).clamp(1, max_splits);
-                if n <= 1 {
-                    return single();
-                }
-                // One snapshot for every split.
-                let mut conn = pool
-                    .acquire()
-                    .await
-                    .map_err(|e| src.error("cannot connect", e))?
-                    .detach();
-                (&mut conn)
-                    .execute(
-                        "SET idle_in_transaction_session_timeout = '6h'; \
-                 BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",
-                    )
-                    .await
-                    .map_err(|e| src.error("cannot start the snapshot transaction", e))?;
-                let id: String = sqlx::query_scalar("SELECT pg_export_snapshot()")
-                    .fetch_one(&mut conn)
-                    .await
-                    .map_err(|e| src.error("cannot export a snapshot", e))?;
-                if !id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
-                    return Err(src.error("unexpected snapshot id", &id));
-                }
-                let holder = Arc::new(SnapshotHolder(Mutex::new(Some(conn))));
-                let per = (pages as u64).div_ceil(n as u64) as i64;
-                let splits = (0..n as i64)
-                    .map(|i| {
-                        let lower = (i > 0).then(|| format!("ctid >= '({},0)'::tid", i * per));
-                        let upper = (i + 1 < n as i64)
-                            .then(|| format!("ctid < '({},0)'::tid", (i + 1) * per));
-                        let range = [lower, upper]
-                            .into_iter()
-                            .flatten()
-                            .collect::<Vec<_>>()
-                            .join(" AND ");
-                        with_range(base, &range)
-                    })
-                    .collect();
-                Ok((
-                    splits,
-                    Some(format!("ctid ranges of {pages} pages, one snapshot")),
-                    Some(id),
-                    Some(holder),
-                ))
-            }
-            Pool::MySql(pool) => {
-                let Some(key) = &base.key else {
-                    return single();
-                };
-                let sql = format!(
-                    "SELECT DATA_LENGTH FROM information_schema.TABLES WHERE TABLE_SCHEMA = {} AND TABLE_NAME = {}",
-                    quote_literal(&base.schema, Dialect::MySql)?,
-                    quote_literal(&base.table, Dialect::MySql)?
-                );
-                let rows = super::catalog::mysql_text_rows(pool, &sql)
-                    .await
-                    .map_err(|e| src.error("cannot size the table", e))?;
-                let bytes: u64 = rows
-                    .first()
-                    .and_then(|r| r[0].as_deref()?.parse().ok())
-                    .unwrap_or(0);
-                let n = (bytes.div_ceil(src.split_size_bytes()) as usize).clamp(1, max_splits);
-                if n <= 1 {
-                    return single();
-                }
-                let k = quote_ident(key, Dialect::MySql);
-                let sql = format!(
-                    "SELECT MIN({k}), MAX({k}) FROM {}.{}",
-                    quote_ident(&base.schema, Dialect::MySql),
-                    quote_ident(&base.table, Dialect::MySql)
-                );
-                let rows = super::catalog::mysql_text_rows(pool, &sql)
-                    .await
-                    .map_err(|e| src.error("cannot size the table", e))?;
-                let bound =
-                    |i: usize| -> Option<i128> { rows.first()?[i].as_deref()?.parse().ok() };
-                let (Some(lo), Some(hi)) = (bound(0), bound(1)) else {
-                    return single();
-                };
-                let splits = ranges(lo, hi, n, &k)
-                    .iter()
-                    .map(|r| with_range(base, r))
-                    .collect();
-                Ok((splits, Some(format!("ranges of {key}")), None, None))
-            }
-        }
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ranges_cover_everything() {
-        assert_eq!(
-            ranges(0, 100, 3, "k"),
-            vec!["k < 33", "k >= 33 AND k < 66", "k >= 66"]
-        );
-        assert_eq!(ranges(5, 5, 2, "k"), vec!["k < 6", "k >= 6"]);
     }
 }

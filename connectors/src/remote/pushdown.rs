@@ -25,15 +25,12 @@ use datafusion::logical_expr::{
 };
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 use datafusion::sql::unparser::Unparser;
-use datafusion::sql::unparser::dialect::{
-    Dialect as UnparserDialect, MySqlDialect, PostgreSqlDialect,
-};
 
 use super::catalog::RemoteTable;
 use super::exec::{RemoteQuery, RemoteQueryTable};
-use super::source::{Dialect, RemoteSource};
-use super::sql::{prepare, prepare_expr, quote_ident};
-use super::types::{RemoteColumn, readable};
+use super::source::RemoteSource;
+use super::sql::{prepare, prepare_expr};
+use super::types::RemoteColumn;
 
 /// Basin's pushdown rule (runs after DataFusion's own logical optimizations).
 #[derive(Debug, Default)]
@@ -96,7 +93,14 @@ fn rewrite(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
             let (yes, no): (Vec<&Expr>, Vec<&Expr>) = split_conjunction(&f.predicate)
                 .into_iter()
                 .partition(|e| expr_ok(e, schema, &facts, &source));
-            if let (Some(pushed), false) = (conjunction(yes.into_iter().cloned()), no.is_empty()) {
+            // Text equalities the source answers loosely (padding, case) are pushed to cut
+            // what it sends, and stay in Basin's filter to keep the answer exact.
+            let superset = no
+                .iter()
+                .copied()
+                .filter(|e| superset_ok(e, schema, &facts, &source));
+            let pushed = yes.into_iter().chain(superset).cloned();
+            if let (Some(pushed), false) = (conjunction(pushed), no.is_empty()) {
                 let inner = LogicalPlan::Filter(Filter::try_new(pushed, f.input.clone())?);
                 if let Ok(replaced) = push(&inner, &source) {
                     let rest = conjunction(no.into_iter().cloned()).expect("not empty");
@@ -168,7 +172,7 @@ fn inline_projection(a: &Aggregate, p: &Projection) -> Result<Option<LogicalPlan
 
 /// Names that cannot be quoted safely everywhere keep their subtree in Basin.
 fn safe_name(name: &str) -> bool {
-    !name.contains(['"', '`', '\\', '\0'])
+    !name.contains(['"', '`', '[', ']', '\\', '\0'])
 }
 
 fn safe_schema(schema: &DFSchema) -> bool {
@@ -291,6 +295,10 @@ fn sort_ok(s: &Sort, facts: &Facts, source: &RemoteSource) -> bool {
     })
 }
 
+fn is_narrow_integer(t: &DataType) -> bool {
+    t.is_integer() && !matches!(t, DataType::Int64 | DataType::UInt64)
+}
+
 fn is_text(t: &DataType) -> bool {
     matches!(t, DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View)
 }
@@ -323,38 +331,19 @@ fn text_ok(e: &Expr, schema: &DFSchema, facts: &Facts, ordered: bool) -> bool {
     }
 }
 
-fn literal_ok(v: &ScalarValue, dialect: Dialect) -> bool {
-    match v {
-        ScalarValue::Boolean(_)
-        | ScalarValue::Int8(_)
-        | ScalarValue::Int16(_)
-        | ScalarValue::Int32(_)
-        | ScalarValue::Int64(_)
-        | ScalarValue::Date32(_)
-        | ScalarValue::Decimal128(_, _, _) => true,
-        // Naive timestamps only: a zone-aware literal would meet the source's session zone.
-        ScalarValue::TimestampSecond(_, None)
-        | ScalarValue::TimestampMillisecond(_, None)
-        | ScalarValue::TimestampMicrosecond(_, None) => true,
-        ScalarValue::UInt8(_)
-        | ScalarValue::UInt16(_)
-        | ScalarValue::UInt32(_)
-        | ScalarValue::UInt64(_) => dialect == Dialect::MySql,
-        ScalarValue::Float32(Some(f)) => f.is_finite() && *f != 0.0,
-        ScalarValue::Float64(Some(f)) => f.is_finite() && *f != 0.0,
-        ScalarValue::Utf8(s) | ScalarValue::LargeUtf8(s) | ScalarValue::Utf8View(s) => {
-            dialect != Dialect::Postgres || s.as_deref().is_none_or(|s| !s.contains('\0'))
-        }
-        _ => false,
-    }
-}
-
 fn expr_ok(e: &Expr, schema: &DFSchema, facts: &Facts, source: &RemoteSource) -> bool {
     let caps = source.capabilities();
     let ok = |x: &Expr| expr_ok(x, schema, facts, source);
     match e {
-        Expr::Column(c) => safe_name(&c.name),
-        Expr::Literal(v, _) => literal_ok(v, source.dialect),
+        Expr::Column(c) => {
+            safe_name(&c.name)
+                && (caps.boolean_values
+                    || !e.get_type(schema).is_ok_and(|t| t == DataType::Boolean))
+        }
+        Expr::Literal(v, _) => {
+            source.sql().literal_ok(v)
+                && (caps.boolean_values || !matches!(v, ScalarValue::Boolean(_)))
+        }
         Expr::Alias(Alias { expr, name, .. }) => safe_name(name) && ok(expr),
         Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
             let comparison = matches!(
@@ -387,18 +376,19 @@ fn expr_ok(e: &Expr, schema: &DFSchema, facts: &Facts, source: &RemoteSource) ->
                         && text_ok(right, schema, facts, ordered)
                         && !is_float(left, schema)
                         && !is_float(right, schema)))
-                // Arithmetic on text is not arithmetic.
+                // Arithmetic on text is not arithmetic; on integers narrower than 64 bits it
+                // overflows at the source's width (PostgreSQL fails `int4 * int4` past 2^31,
+                // SQL Server too; MySQL computes in 64 bits where Basin's column is narrower).
                 && (comparison
                     || matches!(op, Operator::And | Operator::Or)
-                    || !e.get_type(schema).is_ok_and(|t| is_text(&t)))
+                    || !e
+                        .get_type(schema)
+                        .is_ok_and(|t| is_text(&t) || is_narrow_integer(&t)))
         }
-        Expr::Not(x)
-        | Expr::IsNull(x)
-        | Expr::IsNotNull(x)
-        | Expr::IsTrue(x)
-        | Expr::IsFalse(x)
-        | Expr::IsNotTrue(x)
-        | Expr::IsNotFalse(x) => ok(x),
+        Expr::Not(x) | Expr::IsNull(x) | Expr::IsNotNull(x) => ok(x),
+        Expr::IsTrue(x) | Expr::IsFalse(x) | Expr::IsNotTrue(x) | Expr::IsNotFalse(x) => {
+            caps.boolean_values && ok(x)
+        }
         Expr::Negative(x) => ok(x) && !is_float(x, schema),
         Expr::Between(b) => {
             ok(&b.expr)
@@ -458,6 +448,32 @@ fn expr_ok(e: &Expr, schema: &DFSchema, facts: &Facts, source: &RemoteSource) ->
     }
 }
 
+/// `column = 'literal'` or `column IN ('a', 'b')` on a text column whose equality at the
+/// source is a superset of Basin's ([`RemoteColumn::text_superset`]).
+fn superset_ok(e: &Expr, schema: &DFSchema, facts: &Facts, source: &RemoteSource) -> bool {
+    let column = |x: &Expr| match x {
+        Expr::Column(c) => facts.get(c).is_some_and(|f| f.text_superset) && safe_name(&c.name),
+        _ => false,
+    };
+    let literal = |x: &Expr| match x {
+        Expr::Literal(v @ (ScalarValue::Utf8(Some(_)) | ScalarValue::Utf8View(Some(_))), _) => {
+            source.sql().literal_ok(v)
+        }
+        _ => false,
+    };
+    source.capabilities().filters
+        && match e {
+            Expr::BinaryExpr(BinaryExpr {
+                left,
+                op: Operator::Eq,
+                right,
+            }) => (column(left) && literal(right)) || (literal(left) && column(right)),
+            Expr::InList(l) => !l.negated && column(&l.expr) && l.list.iter().all(literal),
+            _ => false,
+        }
+        && e.get_type(schema).is_ok()
+}
+
 fn aggregate_ok(e: &Expr, schema: &DFSchema, facts: &Facts, source: &RemoteSource) -> bool {
     let e = match e {
         Expr::Alias(Alias { expr, name, .. }) if safe_name(name) => expr.as_ref(),
@@ -483,13 +499,40 @@ fn aggregate_ok(e: &Expr, schema: &DFSchema, facts: &Facts, source: &RemoteSourc
                         .iter()
                         .all(|a| text_ok(a, schema, facts, false) && !is_float(a, schema)))
         }
-        "sum" | "avg" => {
+        "sum" => {
+            let caps = source.capabilities();
             args_ok
                 && !params.distinct
-                && params
-                    .args
-                    .iter()
-                    .all(|a| a.get_type(schema).is_ok_and(|t| t.is_numeric()))
+                && params.args.iter().all(|a| {
+                    a.get_type(schema).is_ok_and(|t| {
+                        t.is_numeric()
+                            && (caps.sum_of_small_integers
+                                || !matches!(
+                                    t,
+                                    DataType::Int8
+                                        | DataType::Int16
+                                        | DataType::Int32
+                                        | DataType::UInt8
+                                        | DataType::UInt16
+                                        | DataType::UInt32
+                                ))
+                    })
+                })
+        }
+        // Sources round a decimal average to a scale of their own (PostgreSQL gave 1.666667
+        // where Basin gives 1.666666: Basin truncates) and T-SQL truncates integer averages:
+        // averages of floats (DataFusion casts integers to double for AVG) are pushed, and
+        // of decimals where the source's result is truncated as Basin's is.
+        "avg" => {
+            let caps = source.capabilities();
+            args_ok
+                && !params.distinct
+                && params.args.iter().all(|a| {
+                    a.get_type(schema).is_ok_and(|t| {
+                        matches!(t, DataType::Float32 | DataType::Float64)
+                            || (caps.decimal_avg && matches!(t, DataType::Decimal128(_, _)))
+                    })
+                })
         }
         "min" | "max" => {
             args_ok
@@ -503,20 +546,13 @@ fn aggregate_ok(e: &Expr, schema: &DFSchema, facts: &Facts, source: &RemoteSourc
     }
 }
 
-fn unparser_dialect(d: Dialect) -> Box<dyn UnparserDialect> {
-    match d {
-        Dialect::Postgres => Box::new(PostgreSqlDialect {}),
-        Dialect::MySql => Box::new(MySqlDialect {}),
-    }
-}
-
 /// Replaces `plan` (which reads only `source`) by a remote query.
 fn push(plan: &LogicalPlan, source: &Arc<RemoteSource>) -> Result<LogicalPlan> {
     if let Some(types) = plan
         .schema()
         .fields()
         .iter()
-        .find(|f| !readable(f.data_type(), source.dialect == Dialect::Postgres))
+        .find(|f| !source.sql().readable(f.data_type()))
     {
         return Err(DataFusionError::NotImplemented(format!(
             "result type {} is not read from {}",
@@ -597,9 +633,9 @@ fn try_simple_scan(plan: &LogicalPlan, source: &Arc<RemoteSource>) -> Result<Opt
     }
     let rendered = match predicate {
         Some(p) => {
-            let dialect = unparser_dialect(source.dialect);
+            let dialect = source.sql().unparser();
             let mut sql = Unparser::new(dialect.as_ref()).expr_to_sql(p)?;
-            Some(prepare_expr(&mut sql)?.finish(source.dialect)?)
+            Some(prepare_expr(&mut sql)?.finish(source.sql())?)
         }
         None => None,
     };
@@ -653,20 +689,8 @@ fn push_scan(
 /// Asks the source to plan `sql` (EXPLAIN) without running it.
 fn validate(source: &Arc<RemoteSource>, sql: &str) -> Result<()> {
     let src = source.clone();
-    let statement = match source.dialect {
-        Dialect::Postgres => format!("EXPLAIN (COSTS OFF) {sql}"),
-        Dialect::MySql => format!("EXPLAIN {sql}"),
-    };
-    source.call_blocking(async move {
-        use sqlx::Executor;
-        let result = match src.pool() {
-            super::source::Pool::Postgres(pool) => {
-                pool.execute(statement.as_str()).await.map(|_| ())
-            }
-            super::source::Pool::MySql(pool) => pool.execute(statement.as_str()).await.map(|_| ()),
-        };
-        result.map_err(|e| src.error("rejected a pushed-down query", e))
-    })
+    let statement = source.sql().explain(sql);
+    source.call_blocking(async move { src.backend().check(&src, &statement).await })
 }
 
 fn contains_limit_or_sort(plan: &LogicalPlan) -> bool {
@@ -698,7 +722,7 @@ fn render_limit(
             "OFFSET without LIMIT".into(),
         ));
     };
-    let d = source.dialect;
+    let d = source.sql();
     let mut query = match input {
         LogicalPlan::TableScan(scan) => {
             let table = remote_table(scan).ok_or_else(|| {
@@ -714,9 +738,8 @@ fn render_limit(
         }
         other => unparse(other, source)?,
     };
-    let mut sql = format!("SELECT * FROM ({}) AS q", query.sql);
+    let mut order_by = vec![];
     if let Some(s) = sort {
-        let mut items = vec![];
         for e in &s.expr {
             let Expr::Column(c) = &e.expr else {
                 return Err(DataFusionError::NotImplemented(
@@ -724,26 +747,10 @@ fn render_limit(
                 ));
             };
             let i = input.schema().index_of_column(c)?;
-            let mut item = format!(
-                "q.{} {}",
-                quote_ident(&format!("c{i}"), d),
-                if e.asc { "ASC" } else { "DESC" }
-            );
-            if d == Dialect::Postgres {
-                item.push_str(if e.nulls_first {
-                    " NULLS FIRST"
-                } else {
-                    " NULLS LAST"
-                });
-            }
-            items.push(item);
+            order_by.push(d.order_item(&format!("c{i}"), e.asc, e.nulls_first));
         }
-        sql.push_str(&format!(" ORDER BY {}", items.join(", ")));
     }
-    sql.push_str(&format!(" LIMIT {fetch}"));
-    if skip > 0 {
-        sql.push_str(&format!(" OFFSET {skip}"));
-    }
+    let sql = d.limit(&query.sql, &order_by, fetch, skip);
     query.sql = sql;
     query.split = None;
     Ok(query)
@@ -783,11 +790,11 @@ fn unparse(plan: &LogicalPlan, source: &Arc<RemoteSource>) -> Result<RemoteQuery
         })?
         .data;
     let aliased = Projection::try_new(aliased.expr, Arc::new(input))?;
-    let dialect = unparser_dialect(source.dialect);
+    let dialect = source.sql().unparser();
     let mut statement = Unparser::new(dialect.as_ref())
         .with_pretty(true)
         .plan_to_sql(&LogicalPlan::Projection(aliased))?;
-    let sql = prepare(&mut statement, &source.name)?.finish(source.dialect)?;
+    let sql = prepare(&mut statement, &source.name)?.finish(source.sql())?;
     // The unparser has gaps; a statement the source rejects is not pushed.
     validate(source, &sql)?;
     Ok(RemoteQuery {

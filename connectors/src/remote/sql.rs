@@ -12,7 +12,7 @@ use datafusion::sql::sqlparser::ast::{
     Visitor, VisitorMut,
 };
 
-use super::source::Dialect;
+use super::backend::SqlDialect;
 
 /// A rendered SQL text whose string literals are still placeholders.
 pub struct Rendered {
@@ -165,12 +165,12 @@ fn collect<T: VisitMut>(node: &mut T, show: impl Fn(&T) -> String) -> Result<Ren
 
 impl Rendered {
     /// The final SQL for `dialect`, literals escaped for it.
-    pub fn finish(self, dialect: Dialect) -> Result<String> {
+    pub fn finish(self, dialect: &dyn SqlDialect) -> Result<String> {
         let mut text = self.text;
         // Replace the longest tokens first so that `…_1__` never matches inside `…_11__`.
         // (Tokens end with `__`, which makes them prefix-free already.)
         for (token, value) in self.literals {
-            let literal = quote_literal(&value, dialect)?;
+            let literal = dialect.quote_literal(&value)?;
             if !text.contains(&token) {
                 return Err(DataFusionError::Internal(
                     "pushed-down literal lost while rendering".into(),
@@ -182,56 +182,13 @@ impl Rendered {
     }
 }
 
-/// A string literal that means exactly `value` in `dialect`, whatever the server's settings.
-///
-/// - PostgreSQL: an escape string `E'…'` with `\` and `'` escaped (valid with or without
-///   `standard_conforming_strings`). NUL cannot be in a PostgreSQL string: refused, so the
-///   predicate runs in Basin.
-/// - MySQL/MariaDB: a hexadecimal literal with a character set introducer,
-///   `_utf8mb4 X'…'`: no quoting at all, whatever `sql_mode` says about backslashes.
-pub fn quote_literal(value: &str, dialect: Dialect) -> Result<String> {
-    match dialect {
-        Dialect::Postgres => {
-            if value.contains('\0') {
-                return Err(DataFusionError::NotImplemented(
-                    "PostgreSQL strings cannot contain NUL".into(),
-                ));
-            }
-            let mut out = String::with_capacity(value.len() + 3);
-            out.push_str("E'");
-            for c in value.chars() {
-                match c {
-                    '\\' => out.push_str("\\\\"),
-                    '\'' => out.push_str("''"),
-                    c => out.push(c),
-                }
-            }
-            out.push('\'');
-            Ok(out)
-        }
-        Dialect::MySql => {
-            let mut out = String::with_capacity(value.len() * 2 + 12);
-            out.push_str("_utf8mb4 X'");
-            for b in value.as_bytes() {
-                out.push_str(&format!("{b:02X}"));
-            }
-            out.push('\'');
-            Ok(out)
-        }
-    }
-}
-
-/// A quoted identifier. Names with quote characters, backslashes or NUL are refused earlier.
-pub fn quote_ident(name: &str, dialect: Dialect) -> String {
-    match dialect {
-        Dialect::Postgres => format!("\"{}\"", name.replace('"', "\"\"")),
-        Dialect::MySql => format!("`{}`", name.replace('`', "``")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::super::backend::Dialect;
+
+    fn quote_literal(value: &str, dialect: Dialect) -> datafusion::error::Result<String> {
+        dialect.sql().quote_literal(value)
+    }
 
     #[test]
     fn postgres_literals_cannot_break_out() {
@@ -249,5 +206,16 @@ mod tests {
             "_utf8mb4 X'6127'"
         );
         assert_eq!(quote_literal("", Dialect::MySql).unwrap(), "_utf8mb4 X''");
+    }
+
+    #[test]
+    fn sqlserver_literals_are_unicode_and_doubled() {
+        assert_eq!(
+            quote_literal("x' OR 1=1 --", Dialect::SqlServer).unwrap(),
+            "N'x'' OR 1=1 --'"
+        );
+        // A backslash is an ordinary character in T-SQL strings.
+        assert_eq!(quote_literal("\\'", Dialect::SqlServer).unwrap(), "N'\\'''");
+        assert!(quote_literal("a\0b", Dialect::SqlServer).is_err());
     }
 }

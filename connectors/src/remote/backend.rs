@@ -1,0 +1,266 @@
+//! What differs between database sources, as two traits: [`SqlDialect`] (how a source's SQL
+//! is written: quoting, literals, LIMIT, what may be pushed) and [`Backend`] (how a source is
+//! reached: its catalog queries, split planning and split reading over its own driver).
+//!
+//! Everything else — the pushdown rule, literal safety, the plan nodes, limits and
+//! cancellation — is shared and lives beside this module. A new connector is one module
+//! implementing both traits plus a [`Dialect`] variant (see docs/connectors/writing.md).
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::arrow::datatypes::{DataType, SchemaRef};
+use datafusion::arrow::record_batch::RecordBatch;
+use datafusion::common::ScalarValue;
+use datafusion::error::{DataFusionError, Result};
+use datafusion::sql::unparser::dialect::Dialect as UnparserDialect;
+use serde::{Deserialize, Serialize};
+
+use super::decode::Columns;
+use super::exec::RemoteQuery;
+use super::source::RemoteSource;
+use super::types::RemoteColumn;
+
+/// The kind of a source: which [`SqlDialect`] writes its SQL. Travels in plans.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Dialect {
+    Postgres,
+    MySql,
+    SqlServer,
+}
+
+impl Dialect {
+    /// The SQL rules of this kind of source.
+    pub fn sql(self) -> &'static dyn SqlDialect {
+        match self {
+            Dialect::Postgres => &super::postgres::PostgresDialect,
+            Dialect::MySql => &super::mysql::MySqlDialect,
+            Dialect::SqlServer => &super::sqlserver::SqlServerDialect,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        self.sql().name()
+    }
+}
+
+/// What a connector may push into its source. Anything not allowed here runs in Basin.
+#[derive(Debug, Clone, Copy)]
+pub struct Capabilities {
+    pub filters: bool,
+    pub aggregates: bool,
+    pub joins: bool,
+    pub limit: bool,
+    pub top_n: bool,
+    /// `CAST` expressions (MySQL's CAST targets differ from DataFusion's type names).
+    pub casts: bool,
+    /// `/` with DataFusion's semantics (MySQL's `/` of integers gives a decimal).
+    pub division: bool,
+    /// `NULLS FIRST/LAST` in ORDER BY.
+    pub nulls_ordering: bool,
+    /// Boolean-typed expressions in a select list or as join/filter operands beyond
+    /// predicates (T-SQL has no boolean type: `SELECT a = b` is not valid there).
+    pub boolean_values: bool,
+    /// `SUM` of `smallint`/`int` gives a wider type (PostgreSQL `bigint`, MySQL `decimal`);
+    /// T-SQL's is an `int` that fails past 2^31, where Basin's is a `bigint`.
+    pub sum_of_small_integers: bool,
+    /// A decimal `AVG` reads back as Basin computes it (truncated at the result's scale):
+    /// PostgreSQL's result columns are truncated to their scale, not rounded.
+    pub decimal_avg: bool,
+}
+
+/// How a source's SQL is written: quoting, literals, LIMIT, EXPLAIN, and the types its
+/// results are read as. Implemented by a unit struct per kind of source.
+pub trait SqlDialect: Send + Sync {
+    /// `postgres`, `mysql`, `sqlserver`: as in `connector = "…"` and in errors.
+    fn name(&self) -> &'static str;
+    fn capabilities(&self) -> Capabilities;
+    /// The dialect DataFusion's unparser writes pushed-down plans in.
+    fn unparser(&self) -> Box<dyn UnparserDialect>;
+    /// A quoted identifier. Names with quote characters, backslashes or NUL are refused
+    /// before anything is pushed (`pushdown::safe_name`).
+    fn quote_ident(&self, name: &str) -> String;
+    /// A string literal that means exactly `value` whatever the server's settings; an
+    /// error keeps the expression in Basin.
+    fn quote_literal(&self, value: &str) -> Result<String>;
+    /// Whether a literal of this value may appear in pushed SQL.
+    fn literal_ok(&self, value: &ScalarValue) -> bool;
+    /// Whether Basin reads a result column of this Arrow type back from the source.
+    fn readable(&self, data_type: &DataType) -> bool;
+    /// One ORDER BY item of a top-N over the derived table `q`.
+    fn order_item(&self, column: &str, asc: bool, nulls_first: bool) -> String {
+        let _ = nulls_first;
+        format!(
+            "q.{} {}",
+            self.quote_ident(column),
+            if asc { "ASC" } else { "DESC" }
+        )
+    }
+    /// `inner` limited to `fetch` rows after `skip`, in the order of `order_by`.
+    fn limit(&self, inner: &str, order_by: &[String], fetch: usize, skip: usize) -> String {
+        let mut sql = format!("SELECT * FROM ({inner}) AS q");
+        if !order_by.is_empty() {
+            sql.push_str(&format!(" ORDER BY {}", order_by.join(", ")));
+        }
+        sql.push_str(&format!(" LIMIT {fetch}"));
+        if skip > 0 {
+            sql.push_str(&format!(" OFFSET {skip}"));
+        }
+        sql
+    }
+    /// `SELECT <columns> FROM <table>` with an optional row limit (no split ranges then).
+    fn select(
+        &self,
+        columns: &str,
+        from: &str,
+        predicate: Option<&str>,
+        limit: Option<usize>,
+    ) -> String {
+        let mut sql = format!("SELECT {columns} FROM {from}");
+        if let Some(p) = predicate {
+            sql.push_str(&format!(" WHERE {p}"));
+        }
+        if let Some(n) = limit {
+            sql.push_str(&format!(" LIMIT {n}"));
+        }
+        sql
+    }
+    /// The statement that makes the source plan `sql` without running it.
+    fn explain(&self, sql: &str) -> String;
+    /// The statement a split sends: its query, with the result columns cast where the
+    /// source's wire form needs it.
+    fn statement(&self, split_sql: &str, schema: &SchemaRef) -> String {
+        let _ = schema;
+        split_sql.to_string()
+    }
+}
+
+/// Something a planned scan keeps alive while its plan lives (PostgreSQL: the transaction
+/// that exported the splits' snapshot).
+pub trait Keepalive: Send + Sync + fmt::Debug {}
+
+/// The splits of one scan: the query of each, a note for EXPLAIN, the snapshot they all read,
+/// and what keeps that snapshot alive.
+pub struct Splits {
+    pub queries: Vec<String>,
+    pub note: Option<String>,
+    pub snapshot: Option<String>,
+    pub keepalive: Option<Arc<dyn Keepalive>>,
+}
+
+impl Splits {
+    /// The whole query as one split.
+    pub fn single(query: &RemoteQuery) -> Self {
+        Self {
+            queries: vec![query.sql.clone()],
+            note: None,
+            snapshot: None,
+            keepalive: None,
+        }
+    }
+}
+
+/// A table's columns and the integer key its scans may be split on.
+pub type Described = Option<(Vec<RemoteColumn>, Option<String>)>;
+
+/// The channel a split's batches go to; closed when the reader went away.
+pub type BatchSender = tokio::sync::mpsc::Sender<Result<RecordBatch>>;
+
+/// How a source is reached: one implementation per connector, owned by its [`RemoteSource`].
+#[async_trait]
+pub trait Backend: Send + Sync {
+    /// `host:port` (or the socket) the source connects to, for errors.
+    fn address(&self) -> String;
+    /// Schemas (MySQL: databases) the configured user may read.
+    async fn list_schemas(&self, source: &RemoteSource) -> Result<Vec<String>>;
+    async fn list_tables(&self, source: &RemoteSource, schema: &str) -> Result<Vec<String>>;
+    async fn describe_table(
+        &self,
+        source: &RemoteSource,
+        schema: &str,
+        table: &str,
+    ) -> Result<Described>;
+    /// Runs a statement for its success only (EXPLAIN of a pushed query).
+    async fn check(&self, source: &RemoteSource, statement: &str) -> Result<()>;
+    /// The splits of `query`, at most `max_splits`.
+    async fn plan_splits(
+        &self,
+        source: &Arc<RemoteSource>,
+        query: &RemoteQuery,
+        max_splits: usize,
+    ) -> Result<Splits>;
+    /// Reads one split's `statement` into batches of `batch_size` rows sent to `tx`, until
+    /// the end or until `tx` closes (then the source's query is cancelled).
+    async fn read(
+        &self,
+        source: &Arc<RemoteSource>,
+        statement: &str,
+        snapshot: Option<String>,
+        schema: SchemaRef,
+        batch_size: usize,
+        tx: &BatchSender,
+    ) -> Result<()>;
+}
+
+/// What stopped a remote read early.
+pub enum Stop {
+    /// The consumer went away (query cancelled or LIMIT satisfied).
+    Cancelled,
+    Failed(DataFusionError),
+}
+
+impl Stop {
+    /// The read's outcome once the source's query is stopped: a cancelled read is not an
+    /// error.
+    pub fn outcome(self) -> Result<()> {
+        match self {
+            Stop::Cancelled => Ok(()),
+            Stop::Failed(e) => Err(e),
+        }
+    }
+}
+
+/// Sends the rows `columns` hold as one batch (nothing when they hold none).
+pub async fn flush(columns: &mut Columns, tx: &BatchSender) -> std::result::Result<(), Stop> {
+    if columns.rows() > 0 {
+        let batch = columns.finish().map_err(Stop::Failed)?;
+        tx.send(Ok(batch)).await.map_err(|_| Stop::Cancelled)?;
+    }
+    Ok(())
+}
+
+/// `n` ranges over `[lo, hi]`: the first open below, the last open above, so rows outside
+/// the estimate are still read.
+pub fn ranges(lo: i128, hi: i128, n: usize, column: &str) -> Vec<String> {
+    let n = n.max(1) as i128;
+    let width = ((hi - lo) / n).max(1);
+    let bounds: Vec<i128> = (1..n).map(|i| lo + i * width).collect();
+    let mut out = vec![];
+    for i in 0..=bounds.len() {
+        let lower = (i > 0).then(|| format!("{column} >= {}", bounds[i - 1]));
+        let upper = (i < bounds.len()).then(|| format!("{column} < {}", bounds[i]));
+        out.push(
+            [lower, upper]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join(" AND "),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_cover_everything() {
+        assert_eq!(
+            ranges(0, 100, 3, "k"),
+            vec!["k < 33", "k >= 33 AND k < 66", "k >= 66"]
+        );
+        assert_eq!(ranges(5, 5, 2, "k"), vec!["k < 6", "k >= 6"]);
+    }
+}
