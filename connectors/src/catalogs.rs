@@ -47,7 +47,10 @@ pub fn register_catalogs(
                 let catalog = shared_iceberg_catalog(name, options, config)?;
                 ctx.register_catalog(name, Arc::new(IcebergCatalogProvider::new(catalog)));
             }
-            CatalogConfig::Postgres(_) | CatalogConfig::Mysql(_) | CatalogConfig::Sqlserver(_) => {
+            CatalogConfig::Postgres(_)
+            | CatalogConfig::Mysql(_)
+            | CatalogConfig::Sqlserver(_)
+            | CatalogConfig::Oracle(_) => {
                 register_sources(config)?;
                 ctx.register_catalog(name, Arc::new(RemoteCatalogProvider::new(source(name)?)));
             }

@@ -309,6 +309,8 @@ pub enum CatalogConfig {
     /// A Microsoft SQL Server (or Azure SQL, or Babelfish) database, queried in place.
     #[serde(alias = "mssql")]
     Sqlserver(Box<SqlSourceConfig>),
+    /// An Oracle database (needs Oracle Instant Client at run time), queried in place.
+    Oracle(Box<SqlSourceConfig>),
 }
 
 impl CatalogConfig {
@@ -320,6 +322,7 @@ impl CatalogConfig {
             CatalogConfig::Postgres(_) => "postgres",
             CatalogConfig::Mysql(_) => "mysql",
             CatalogConfig::Sqlserver(_) => "sqlserver",
+            CatalogConfig::Oracle(_) => "oracle",
         }
     }
 }
@@ -536,7 +539,8 @@ impl BasinConfig {
             }
             if let CatalogConfig::Postgres(c)
             | CatalogConfig::Mysql(c)
-            | CatalogConfig::Sqlserver(c) = catalog
+            | CatalogConfig::Sqlserver(c)
+            | CatalogConfig::Oracle(c) = catalog
                 && c.url.is_none()
                 && c.host.is_none()
             {

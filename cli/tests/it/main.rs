@@ -6,6 +6,7 @@ mod iceberg;
 mod liveness;
 mod memory;
 mod names;
+mod oracle;
 mod routes;
 mod s3;
 mod shell;

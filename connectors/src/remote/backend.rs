@@ -28,6 +28,7 @@ pub enum Dialect {
     Postgres,
     MySql,
     SqlServer,
+    Oracle,
 }
 
 impl Dialect {
@@ -37,6 +38,7 @@ impl Dialect {
             Dialect::Postgres => &super::postgres::PostgresDialect,
             Dialect::MySql => &super::mysql::MySqlDialect,
             Dialect::SqlServer => &super::sqlserver::SqlServerDialect,
+            Dialect::Oracle => &super::oracle::OracleDialect,
         }
     }
 
@@ -96,6 +98,10 @@ pub trait SqlDialect: Send + Sync {
             self.quote_ident(column),
             if asc { "ASC" } else { "DESC" }
         )
+    }
+    /// A table alias as it follows the table (`AS "t"`; Oracle takes no `AS`).
+    fn table_alias(&self, alias: &str) -> String {
+        format!(" AS {}", self.quote_ident(alias))
     }
     /// `inner` limited to `fetch` rows after `skip`, in the order of `order_by`.
     fn limit(&self, inner: &str, order_by: &[String], fetch: usize, skip: usize) -> String {

@@ -252,7 +252,7 @@ impl RemoteTable {
         };
         let mut from = self.quoted_name();
         if let Some(a) = alias {
-            from.push_str(&format!(" AS {}", d.quote_ident(a)));
+            from.push_str(&d.table_alias(a));
         }
         let select = select.join(", ");
         let select_from = d.select(&select, &from, None, None);

@@ -41,6 +41,7 @@ pub mod catalog;
 pub mod decode;
 pub mod exec;
 pub mod mysql;
+pub mod oracle;
 pub mod postgres;
 pub mod pushdown;
 pub mod source;

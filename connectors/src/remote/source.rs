@@ -54,6 +54,9 @@ impl RemoteSource {
             Dialect::SqlServer => Box::new(super::sqlserver::SqlServerBackend::new(
                 name, config, pool_size,
             )?),
+            Dialect::Oracle => {
+                Box::new(super::oracle::OracleBackend::new(name, config, pool_size)?)
+            }
         };
         Ok(Self {
             name: name.to_string(),
@@ -207,6 +210,7 @@ pub fn register_sources(config: &BasinConfig) -> Result<()> {
             CatalogConfig::Postgres(c) => (Dialect::Postgres, c),
             CatalogConfig::Mysql(c) => (Dialect::MySql, c),
             CatalogConfig::Sqlserver(c) => (Dialect::SqlServer, c),
+            CatalogConfig::Oracle(c) => (Dialect::Oracle, c),
             _ => continue,
         };
         let mut sources = registry()
