@@ -209,6 +209,28 @@ pub trait Backend: Send + Sync {
     ) -> Result<()>;
 }
 
+/// What kind of failure a source reported: how a client is told (a gRPC status) and whether
+/// trying again can help. Decided from Basin's own label of the failed step and, for time
+/// limits, the source's error code text (drivers report them no other way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceErrorKind {
+    /// The source could not be reached or logged into (retrying later can help).
+    Unavailable,
+    /// The source's statement time limit stopped the query.
+    Timeout,
+    /// The source refused or failed a statement (the query, a catalog lookup).
+    Failed,
+}
+
+/// An error of a database source, carried through DataFusion as
+/// `DataFusionError::External`. Its text names the source and never holds a secret.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct SourceError {
+    pub kind: SourceErrorKind,
+    pub message: String,
+}
+
 /// What stopped a remote read early.
 pub enum Stop {
     /// The consumer went away (query cancelled or LIMIT satisfied).

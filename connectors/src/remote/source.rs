@@ -11,7 +11,11 @@ use basin_core::{BasinConfig, CatalogConfig, SqlSourceConfig};
 use datafusion::error::{DataFusionError, Result};
 use tokio::sync::Semaphore;
 
-use super::backend::{Backend, SqlDialect};
+use super::backend::{Backend, SourceError, SourceErrorKind, SqlDialect};
+
+/// The label of a failed connection attempt (`RemoteSource::error(CANNOT_CONNECT, e)`): an
+/// `Unavailable` error.
+pub const CANNOT_CONNECT: &str = "cannot connect";
 pub use super::backend::{Capabilities, Dialect};
 
 /// A configured database source: its dialect, its backend (pool and driver) and limits.
@@ -121,7 +125,21 @@ impl RemoteSource {
         {
             text = secret.redact_in(&text);
         }
-        DataFusionError::External(text.into())
+        let kind = if is_statement_timeout(&text) {
+            SourceErrorKind::Timeout
+        } else if what == CANNOT_CONNECT
+            || what == "closed"
+            // sqlx's only word for a source it could not reach within the pool's deadline.
+            || text.contains("pool timed out while waiting for an open connection")
+        {
+            SourceErrorKind::Unavailable
+        } else {
+            SourceErrorKind::Failed
+        };
+        DataFusionError::External(Box::new(SourceError {
+            kind,
+            message: text,
+        }))
     }
 
     /// Runs `fut` on the connector runtime and waits for it from async code.
@@ -186,6 +204,7 @@ pub(crate) fn application_name() -> String {
 
 /// Whether a source's error says its statement time limit stopped the query.
 fn is_statement_timeout(text: &str) -> bool {
+    // SQL Server's "Query timeout expired" comes from tiberius' command timeout.
     [
         "canceling statement due to statement timeout", // PostgreSQL
         "max_statement_time exceeded",                  // MariaDB

@@ -660,11 +660,22 @@ fn affected_rows(batches: &[RecordBatch]) -> i64 {
 }
 
 /// Maps an engine error to a gRPC status: user errors are `InvalidArgument` or `NotFound`
-/// with the engine's message, broken invariants `Internal`.
+/// with the engine's message, broken invariants `Internal`, a database source that cannot be
+/// reached `Unavailable` and its time limit `DeadlineExceeded` (by the error's kind).
 pub fn to_status(err: DataFusionError) -> Status {
+    use basin_connectors::remote::{SourceError, SourceErrorKind};
     let message = err.to_string();
     match err.find_root() {
         DataFusionError::Internal(_) => Status::internal(message),
+        // A database source's failure, by kind (known where the front end met it: catalog
+        // lookups, split planning, pushed-query checks).
+        DataFusionError::External(e) if e.downcast_ref::<SourceError>().is_some() => {
+            match e.downcast_ref::<SourceError>().map(|e| e.kind) {
+                Some(SourceErrorKind::Unavailable) => Status::unavailable(message),
+                Some(SourceErrorKind::Timeout) => Status::deadline_exceeded(message),
+                _ => Status::invalid_argument(message),
+            }
+        }
         DataFusionError::ResourcesExhausted(_) => Status::resource_exhausted(message),
         _ if message.contains("not found") || message.contains("doesn't exist") => {
             Status::not_found(message)
@@ -1289,6 +1300,35 @@ async fn read_parameters(stream: PeekableFlightDataStream) -> Result<Vec<Values>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sources_failures_map_to_statuses_by_kind() {
+        use basin_connectors::remote::{SourceError, SourceErrorKind};
+        let source = |kind| {
+            DataFusionError::Context(
+                "planning".into(),
+                Box::new(DataFusionError::External(Box::new(SourceError {
+                    kind,
+                    message: "postgres source `pg`: cannot connect: refused".into(),
+                }))),
+            )
+        };
+        assert_eq!(
+            to_status(source(SourceErrorKind::Unavailable)).code(),
+            tonic::Code::Unavailable
+        );
+        assert_eq!(
+            to_status(source(SourceErrorKind::Timeout)).code(),
+            tonic::Code::DeadlineExceeded
+        );
+        let failed = to_status(source(SourceErrorKind::Failed));
+        assert_eq!(failed.code(), tonic::Code::InvalidArgument);
+        assert!(
+            failed.message().contains("source `pg`"),
+            "{}",
+            failed.message()
+        );
+    }
     use datafusion::arrow::array::{Int64Array, StringArray};
     use datafusion::arrow::ipc::reader::StreamReader;
     use datafusion::arrow::ipc::writer::StreamWriter;

@@ -22,7 +22,7 @@ use super::backend::{
 };
 use super::decode::Columns;
 use super::exec::RemoteQuery;
-use super::source::{ACQUIRE_TIMEOUT, RemoteSource, display_address};
+use super::source::{ACQUIRE_TIMEOUT, CANNOT_CONNECT, RemoteSource, display_address};
 use super::types::{RemoteColumn, decimal, readable_common, timestamp};
 
 /// MySQL's and MariaDB's SQL.
@@ -288,7 +288,7 @@ impl Backend for MySqlBackend {
         let mut conn = pool
             .acquire()
             .await
-            .map_err(|e| source.error("cannot connect", e))?;
+            .map_err(|e| source.error(CANNOT_CONNECT, e))?;
         let id_row = (&mut *conn)
             .fetch_one("SELECT CONNECTION_ID()")
             .await

@@ -27,7 +27,7 @@ use datafusion::sql::unparser::dialect::{CustomDialectBuilder, Dialect as Unpars
 use super::backend::{Backend, BatchSender, Capabilities, Described, Splits, SqlDialect};
 use super::decode::Columns;
 use super::exec::RemoteQuery;
-use super::source::{RemoteSource, application_name};
+use super::source::{CANNOT_CONNECT, RemoteSource, application_name};
 use super::types::{RemoteColumn, UNCONSTRAINED_NUMERIC, decimal, readable_common, timestamp};
 
 /// Oracle's SQL.
@@ -281,11 +281,11 @@ impl Failure {
 fn connect_error(source: &RemoteSource, e: &str) -> DataFusionError {
     if e.contains("DPI-1047") || e.contains("Oracle Client library") {
         source.error(
-            "cannot connect",
+            CANNOT_CONNECT,
             format!("Oracle Instant Client is not installed: {INSTALL_HINT} ({e})"),
         )
     } else {
-        source.error("cannot connect", e)
+        source.error(CANNOT_CONNECT, e)
     }
 }
 

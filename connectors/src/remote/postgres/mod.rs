@@ -25,7 +25,9 @@ use super::backend::{
 };
 use super::decode::{Columns, CopyParser};
 use super::exec::RemoteQuery;
-use super::source::{ACQUIRE_TIMEOUT, RemoteSource, application_name, display_address};
+use super::source::{
+    ACQUIRE_TIMEOUT, CANNOT_CONNECT, RemoteSource, application_name, display_address,
+};
 use super::types::{
     RemoteColumn, UNCONSTRAINED_NUMERIC, decimal, list, readable_common, timestamp,
 };
@@ -263,7 +265,7 @@ impl PostgresBackend {
                         c = pgwire::CopyConn::connect(&self.copy_target) => c,
                         _ = tx.closed() => return Ok(Read::Done),
                     };
-                    match connected.map_err(|e| source.error("cannot connect", e))? {
+                    match connected.map_err(|e| source.error(CANNOT_CONNECT, e))? {
                         pgwire::Connected::Ready(conn) => (conn, false),
                         pgwire::Connected::Unsupported(why) => return Ok(Read::Unsupported(why)),
                     }
@@ -496,7 +498,7 @@ impl Backend for PostgresBackend {
             .pool
             .acquire()
             .await
-            .map_err(|e| src.error("cannot connect", e))?
+            .map_err(|e| src.error(CANNOT_CONNECT, e))?
             .detach();
         (&mut conn)
             .execute(
@@ -564,7 +566,7 @@ impl Backend for PostgresBackend {
         let mut conn = pool
             .acquire()
             .await
-            .map_err(|e| source.error("cannot connect", e))?;
+            .map_err(|e| source.error(CANNOT_CONNECT, e))?;
         if let Some(id) = &snapshot {
             (&mut *conn).execute(format!(
             "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{id}'"

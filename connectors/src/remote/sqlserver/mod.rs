@@ -35,7 +35,7 @@ use super::backend::{
 };
 use super::decode::{Columns, Value};
 use super::exec::RemoteQuery;
-use super::source::{ACQUIRE_TIMEOUT, RemoteSource, application_name};
+use super::source::{ACQUIRE_TIMEOUT, CANNOT_CONNECT, RemoteSource, application_name};
 use super::types::{RemoteColumn, decimal, readable_common, timestamp};
 
 /// T-SQL.
@@ -307,7 +307,7 @@ impl SqlServerBackend {
             .await
             .map_err(|_| {
                 source.error(
-                    "cannot connect",
+                    CANNOT_CONNECT,
                     format!(
                         "every connection of the pool stayed busy for {} s",
                         ACQUIRE_TIMEOUT.as_secs()
@@ -331,7 +331,7 @@ impl SqlServerBackend {
             .await
             .map_err(|_| {
                 source.error(
-                    "cannot connect",
+                    CANNOT_CONNECT,
                     format!(
                         "no answer from {} within {} s: is the server up and reachable?",
                         self.address,
@@ -339,7 +339,7 @@ impl SqlServerBackend {
                     ),
                 )
             })?
-            .map_err(|e| source.error("cannot connect", e))?;
+            .map_err(|e| source.error(CANNOT_CONNECT, e))?;
         Ok(Lease { conn, _open: open })
     }
 
