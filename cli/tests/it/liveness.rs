@@ -156,6 +156,34 @@ impl Cluster {
             .count()
     }
 
+    /// Starts again, on a new port, an executor that lost the race for its Flight port
+    /// (another process bound it between `free_port()` and the executor's start; seen in CI).
+    fn restart_port_races(&mut self) {
+        let dir = &self.dir;
+        let lost: Vec<String> = self
+            .processes
+            .iter_mut()
+            .filter_map(|(name, child)| {
+                let lost = name.starts_with("executor-")
+                    && matches!(child.try_wait(), Ok(Some(_)))
+                    && std::fs::read_to_string(dir.join(format!("{name}.log")))
+                        .is_ok_and(|log| log.contains("Address already in use"));
+                lost.then(|| name.clone())
+            })
+            .collect();
+        for name in lost {
+            let Some(i) = name
+                .strip_prefix("executor-")
+                .and_then(|i| i.parse::<usize>().ok())
+            else {
+                continue;
+            };
+            self.processes.retain(|(n, _)| n != &name);
+            self.executor_ports[i] = free_port();
+            self.start_executor(i, &name);
+        }
+    }
+
     /// Waits until `n` executors are registered; returns how long it took.
     fn wait_for_executors(&mut self, n: usize, timeout: Duration) -> Duration {
         let start = Instant::now();
@@ -164,6 +192,7 @@ impl Cluster {
             if registered == n {
                 return start.elapsed();
             }
+            self.restart_port_races();
             self.check_alive();
             assert!(
                 start.elapsed() < timeout,
