@@ -7,7 +7,8 @@
 //! implementing both traits plus a [`Dialect`] variant (see docs/connectors/writing.md).
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use datafusion::arrow::datatypes::{DataType, SchemaRef};
@@ -18,7 +19,7 @@ use datafusion::sql::unparser::dialect::Dialect as UnparserDialect;
 use serde::{Deserialize, Serialize};
 
 use super::decode::Columns;
-use super::exec::RemoteQuery;
+use super::exec::{RemoteQuery, SplitBase};
 use super::source::RemoteSource;
 use super::types::RemoteColumn;
 
@@ -128,9 +129,13 @@ pub trait SqlDialect: Send + Sync {
             sql.push_str(&format!(" WHERE {p}"));
         }
         if let Some(n) = limit {
-            sql.push_str(&format!(" LIMIT {n}"));
+            sql.push_str(&self.fetch_first(n));
         }
         sql
+    }
+    /// The clause that ends a query after `n` rows (` LIMIT n`; Oracle `FETCH FIRST`).
+    fn fetch_first(&self, n: usize) -> String {
+        format!(" LIMIT {n}")
     }
     /// The statement that makes the source plan `sql` without running it.
     fn explain(&self, sql: &str) -> String;
@@ -189,13 +194,14 @@ pub trait Backend: Send + Sync {
     ) -> Result<Described>;
     /// Runs a statement for its success only (EXPLAIN of a pushed query).
     async fn check(&self, source: &RemoteSource, statement: &str) -> Result<()>;
-    /// The splits of `query`, at most `max_splits`.
+    /// The splits of a plain scan (`base`), at most `max_splits` (more than one); `None`
+    /// reads the query whole.
     async fn plan_splits(
         &self,
         source: &Arc<RemoteSource>,
-        query: &RemoteQuery,
+        base: &SplitBase,
         max_splits: usize,
-    ) -> Result<Splits>;
+    ) -> Result<Option<Splits>>;
     /// Reads one split's `statement` into batches of `batch_size` rows sent to `tx`, until
     /// the end or until `tx` closes (then the source's query is cancelled).
     async fn read(
@@ -229,6 +235,35 @@ pub enum SourceErrorKind {
 pub struct SourceError {
     pub kind: SourceErrorKind,
     pub message: String,
+}
+
+/// Connections kept for the next statement of a source whose driver has no pool of its own
+/// (SQL Server, Oracle): the newest first, none older than [`IDLE`].
+pub struct IdleConnections<C>(Mutex<Vec<(C, Instant)>>);
+
+/// How long a kept connection may wait idle.
+pub const IDLE: Duration = Duration::from_secs(300);
+
+impl<C> Default for IdleConnections<C> {
+    fn default() -> Self {
+        Self(Mutex::new(Vec::new()))
+    }
+}
+
+impl<C> IdleConnections<C> {
+    /// A kept connection young enough to use, if any.
+    pub fn take(&self) -> Option<C> {
+        let mut idle = self.0.lock().ok()?;
+        idle.retain(|(_, since)| since.elapsed() < IDLE);
+        idle.pop().map(|(conn, _)| conn)
+    }
+
+    /// Keeps a connection whose last statement ended cleanly.
+    pub fn keep(&self, conn: C) {
+        if let Ok(mut idle) = self.0.lock() {
+            idle.push((conn, Instant::now()));
+        }
+    }
 }
 
 /// What stopped a remote read early.

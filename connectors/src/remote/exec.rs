@@ -27,7 +27,7 @@ use datafusion::physical_plan::{
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
-use super::backend::{Dialect, Keepalive};
+use super::backend::{Dialect, Keepalive, Splits};
 use super::source::source;
 
 /// A query for one source, producing columns `c0..cN`.
@@ -318,15 +318,20 @@ pub async fn plan_scan(
         .unwrap_or(SPLITS_PER_SLOT * slots.max(1))
         .max(1);
     let task_src = src.clone();
-    let task_query = query.clone();
-    let splits = src
-        .call(async move {
-            task_src
-                .backend()
-                .plan_splits(&task_src, &task_query, max_splits)
-                .await
-        })
-        .await?;
+    let splits = match &query.split {
+        Some(base) if max_splits > 1 => {
+            let base = base.clone();
+            src.call(async move {
+                task_src
+                    .backend()
+                    .plan_splits(&task_src, &base, max_splits)
+                    .await
+            })
+            .await?
+        }
+        _ => None,
+    }
+    .unwrap_or_else(|| Splits::single(&query));
     let spec = RemoteScanSpec {
         query,
         splits: splits.queries,

@@ -262,3 +262,70 @@ pub fn source(name: &str) -> Result<Arc<RemoteSource>> {
             ))
         })
 }
+
+/// Where and as whom a source logs in: the parts of its `url` (percent-decoded), each
+/// overridden by the separate field of the same name. For drivers that parse no URL
+/// themselves (SQL Server, Oracle).
+#[derive(Debug, Default)]
+pub(crate) struct Login {
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub database: Option<String>,
+}
+
+impl Login {
+    /// `kind` names the URL in errors (`a SQL Server URL`), `example` shows its form; the
+    /// first of `schemes` is the one errors ask for.
+    pub(crate) fn of(
+        name: &str,
+        c: &SqlSourceConfig,
+        kind: &str,
+        example: &str,
+        schemes: &[&str],
+    ) -> Result<Self> {
+        let mut login = Login::default();
+        if let Some(url) = &c.url {
+            let bad = |why: &str| {
+                DataFusionError::Configuration(format!(
+                    "catalog `{name}`: `url` is not {kind} ({example}): {why}"
+                ))
+            };
+            let parsed =
+                url::Url::parse(url.expose()).map_err(|e| bad(&url.redact_in(&e.to_string())))?;
+            if !schemes.contains(&parsed.scheme()) {
+                return Err(bad(&format!(
+                    "the scheme must be {}://",
+                    schemes.first().copied().unwrap_or_default()
+                )));
+            }
+            let decode = |s: &str| {
+                percent_encoding::percent_decode_str(s)
+                    .decode_utf8()
+                    .map(|s| s.into_owned())
+                    .map_err(|_| bad("a part is not UTF-8 once decoded"))
+            };
+            login.host = parsed.host_str().map(str::to_string);
+            login.port = parsed.port();
+            if !parsed.username().is_empty() {
+                login.user = Some(decode(parsed.username())?);
+            }
+            if let Some(p) = parsed.password() {
+                login.password = Some(decode(p)?);
+            }
+            let path = parsed.path().trim_start_matches('/');
+            if !path.is_empty() {
+                login.database = Some(decode(path)?);
+            }
+        }
+        login.host = c.host.clone().or(login.host);
+        login.port = c.port.or(login.port);
+        login.user = c.user.clone().or(login.user);
+        login.database = c.database.clone().or(login.database);
+        if let Some(p) = &c.password {
+            login.password = Some(p.expose().to_string());
+        }
+        Ok(login)
+    }
+}

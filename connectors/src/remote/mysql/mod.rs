@@ -21,7 +21,7 @@ use super::backend::{
     Backend, BatchSender, Capabilities, Described, Splits, SqlDialect, Stop, flush, ranges,
 };
 use super::decode::Columns;
-use super::exec::RemoteQuery;
+use super::exec::SplitBase;
 use super::source::{ACQUIRE_TIMEOUT, CANNOT_CONNECT, RemoteSource, display_address};
 use super::types::{RemoteColumn, decimal, readable_common, timestamp};
 
@@ -222,17 +222,11 @@ impl Backend for MySqlBackend {
     async fn plan_splits(
         &self,
         src: &Arc<RemoteSource>,
-        query: &RemoteQuery,
+        base: &SplitBase,
         max_splits: usize,
-    ) -> Result<Splits> {
-        let Some(base) = &query.split else {
-            return Ok(Splits::single(query));
-        };
-        if max_splits <= 1 {
-            return Ok(Splits::single(query));
-        }
+    ) -> Result<Option<Splits>> {
         let Some(key) = &base.key else {
-            return Ok(Splits::single(query));
+            return Ok(None);
         };
         let sql = format!(
             "SELECT DATA_LENGTH FROM information_schema.TABLES WHERE TABLE_SCHEMA = {} AND TABLE_NAME = {}",
@@ -248,7 +242,7 @@ impl Backend for MySqlBackend {
             .unwrap_or(0);
         let n = (bytes.div_ceil(src.split_size_bytes()) as usize).clamp(1, max_splits);
         if n <= 1 {
-            return Ok(Splits::single(query));
+            return Ok(None);
         }
         let k = MySqlDialect.quote_ident(key);
         let sql = format!(
@@ -261,18 +255,18 @@ impl Backend for MySqlBackend {
             .map_err(|e| src.error("cannot size the table", e))?;
         let bound = |i: usize| -> Option<i128> { rows.first()?[i].as_deref()?.parse().ok() };
         let (Some(lo), Some(hi)) = (bound(0), bound(1)) else {
-            return Ok(Splits::single(query));
+            return Ok(None);
         };
         let splits = ranges(lo, hi, n, &k)
             .iter()
             .map(|r| base.with_range(r))
             .collect();
-        Ok(Splits {
+        Ok(Some(Splits {
             queries: splits,
             note: Some(format!("ranges of {key}")),
             snapshot: None,
             keepalive: None,
-        })
+        }))
     }
 
     async fn read(

@@ -14,8 +14,8 @@
 //! - Splits are `ORA_HASH(ROWID, n - 1) = i` buckets, all reading `AS OF SCN` one system
 //!   change number taken when the scan is planned: one consistent state across splits.
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use basin_core::SqlSourceConfig;
@@ -24,10 +24,12 @@ use datafusion::common::ScalarValue;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::sql::unparser::dialect::{CustomDialectBuilder, Dialect as UnparserDialect};
 
-use super::backend::{Backend, BatchSender, Capabilities, Described, Splits, SqlDialect};
+use super::backend::{
+    Backend, BatchSender, Capabilities, Described, IdleConnections, Splits, SqlDialect,
+};
 use super::decode::Columns;
-use super::exec::RemoteQuery;
-use super::source::{CANNOT_CONNECT, RemoteSource, application_name};
+use super::exec::SplitBase;
+use super::source::{CANNOT_CONNECT, Login, RemoteSource, application_name};
 use super::types::{RemoteColumn, UNCONSTRAINED_NUMERIC, decimal, readable_common, timestamp};
 
 /// Oracle's SQL.
@@ -108,21 +110,8 @@ impl SqlDialect for OracleDialect {
         sql
     }
 
-    fn select(
-        &self,
-        columns: &str,
-        from: &str,
-        predicate: Option<&str>,
-        limit: Option<usize>,
-    ) -> String {
-        let mut sql = format!("SELECT {columns} FROM {from}");
-        if let Some(p) = predicate {
-            sql.push_str(&format!(" WHERE {p}"));
-        }
-        if let Some(n) = limit {
-            sql.push_str(&format!(" FETCH FIRST {n} ROWS ONLY"));
-        }
-        sql
+    fn fetch_first(&self, n: usize) -> String {
+        format!(" FETCH FIRST {n} ROWS ONLY")
     }
 
     fn explain(&self, sql: &str) -> String {
@@ -200,12 +189,9 @@ pub struct OracleBackend {
     password: String,
     connect_string: String,
     statement_timeout: Option<Duration>,
-    idle: Arc<Mutex<Vec<(oracle::Connection, Instant)>>>,
+    idle: Arc<IdleConnections<oracle::Connection>>,
     open: Arc<tokio::sync::Semaphore>,
 }
-
-/// How long a kept connection may wait idle.
-const IDLE: Duration = Duration::from_secs(300);
 
 impl OracleBackend {
     pub fn new(name: &str, c: &SqlSourceConfig, pool_size: u32) -> Result<Self> {
@@ -215,7 +201,7 @@ impl OracleBackend {
             password,
             connect_string,
             statement_timeout: c.statement_timeout_secs.map(Duration::from_secs),
-            idle: Arc::new(Mutex::new(Vec::new())),
+            idle: Arc::default(),
             open: Arc::new(tokio::sync::Semaphore::new(pool_size as usize)),
         })
     }
@@ -241,18 +227,12 @@ impl OracleBackend {
         );
         let timeout = self.statement_timeout;
         let outcome = tokio::task::spawn_blocking(move || {
-            let kept = idle.lock().ok().and_then(|mut idle| {
-                idle.retain(|(_, since)| since.elapsed() < IDLE);
-                idle.pop()
-            });
-            let conn = match kept {
-                Some((conn, _)) => conn,
+            let conn = match idle.take() {
+                Some(conn) => conn,
                 None => connect(&user, &password, &cs, timeout).map_err(Failure::Connect)?,
             };
             let value = f(&conn).map_err(Failure::Query)?;
-            if let Ok(mut idle) = idle.lock() {
-                idle.push((conn, Instant::now()));
-            }
+            idle.keep(conn);
             Ok(value)
         })
         .await
@@ -401,12 +381,9 @@ impl Backend for OracleBackend {
     async fn plan_splits(
         &self,
         src: &Arc<RemoteSource>,
-        query: &RemoteQuery,
+        base: &SplitBase,
         max_splits: usize,
-    ) -> Result<Splits> {
-        let (Some(base), true) = (&query.split, max_splits > 1) else {
-            return Ok(Splits::single(query));
-        };
+    ) -> Result<Option<Splits>> {
         let d = OracleDialect;
         let (schema, table) = (base.schema.clone(), base.table.clone());
         let sized = self
@@ -421,7 +398,7 @@ impl Backend for OracleBackend {
             .await;
         let Ok((bytes, scn)) = sized else {
             // ALL_SEGMENTS needs no privilege beyond the table's; a view has none.
-            return Ok(Splits::single(query));
+            return Ok(None);
         };
         let n =
             ((bytes.max(0) as u64).div_ceil(src.split_size_bytes()) as usize).clamp(1, max_splits);
@@ -432,10 +409,10 @@ impl Backend for OracleBackend {
         );
         // AS OF goes right after the table name: only unaliased scans are split.
         let Some(head) = base.select_from.strip_suffix(&table) else {
-            return Ok(Splits::single(query));
+            return Ok(None);
         };
         if n <= 1 {
-            return Ok(Splits::single(query));
+            return Ok(None);
         }
         let queries = (0..n)
             .map(|i| {
@@ -447,12 +424,12 @@ impl Backend for OracleBackend {
                 }
             })
             .collect();
-        Ok(Splits {
+        Ok(Some(Splits {
             queries,
             note: Some(format!("ORA_HASH buckets as of SCN {scn}")),
             snapshot: None,
             keepalive: None,
-        })
+        }))
     }
 
     async fn read(
@@ -516,45 +493,19 @@ impl Backend for OracleBackend {
 /// service`) or the separate fields (`host`, `port`, `database` = the service name), which
 /// override the URL's parts.
 fn oracle_login(name: &str, c: &SqlSourceConfig) -> Result<(String, String, String)> {
-    let bad = |why: &str| {
-        DataFusionError::Configuration(format!(
-            "catalog `{name}`: `url` is not an Oracle URL \
-             (oracle://user:password@host:port/service): {why}"
-        ))
-    };
-    let (mut user, mut password, mut host, mut port, mut service) = (None, None, None, None, None);
-    if let Some(url) = &c.url {
-        let parsed =
-            url::Url::parse(url.expose()).map_err(|e| bad(&url.redact_in(&e.to_string())))?;
-        if parsed.scheme() != "oracle" {
-            return Err(bad("the scheme must be oracle://"));
-        }
-        let decode = |s: &str| {
-            percent_encoding::percent_decode_str(s)
-                .decode_utf8()
-                .map(|s| s.into_owned())
-                .map_err(|_| bad("a part is not UTF-8 once decoded"))
-        };
-        host = parsed.host_str().map(str::to_string);
-        port = parsed.port();
-        if !parsed.username().is_empty() {
-            user = Some(decode(parsed.username())?);
-        }
-        if let Some(p) = parsed.password() {
-            password = Some(decode(p)?);
-        }
-        let path = parsed.path().trim_start_matches('/');
-        if !path.is_empty() {
-            service = Some(decode(path)?);
-        }
-    }
-    host = c.host.clone().or(host);
-    port = c.port.or(port);
-    service = c.database.clone().or(service);
-    user = c.user.clone().or(user);
-    if let Some(p) = &c.password {
-        password = Some(p.expose().to_string());
-    }
+    let Login {
+        host,
+        port,
+        user,
+        password,
+        database: service,
+    } = Login::of(
+        name,
+        c,
+        "an Oracle URL",
+        "oracle://user:password@host:port/service",
+        &["oracle"],
+    )?;
     let (Some(user), Some(host)) = (user, host) else {
         return Err(DataFusionError::Configuration(format!(
             "catalog `{name}`: Oracle needs `user` and `host` (or an oracle:// url)"

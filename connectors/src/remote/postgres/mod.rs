@@ -24,7 +24,7 @@ use super::backend::{
     Backend, BatchSender, Capabilities, Described, Keepalive, Splits, SqlDialect, Stop, flush,
 };
 use super::decode::{Columns, CopyParser};
-use super::exec::RemoteQuery;
+use super::exec::SplitBase;
 use super::source::{
     ACQUIRE_TIMEOUT, CANNOT_CONNECT, RemoteSource, application_name, display_address,
 };
@@ -459,15 +459,9 @@ impl Backend for PostgresBackend {
     async fn plan_splits(
         &self,
         src: &Arc<RemoteSource>,
-        query: &RemoteQuery,
+        base: &SplitBase,
         max_splits: usize,
-    ) -> Result<Splits> {
-        let Some(base) = &query.split else {
-            return Ok(Splits::single(query));
-        };
-        if max_splits <= 1 {
-            return Ok(Splits::single(query));
-        }
+    ) -> Result<Option<Splits>> {
         // The table's size now, not `relpages` (an estimate that stays 0 until the
         // first ANALYZE: a freshly loaded table would be read in one piece).
         let row: Option<(i64, String, i32)> = sqlx::query_as(
@@ -482,16 +476,16 @@ impl Backend for PostgresBackend {
         .await
         .map_err(|e| src.error("cannot size the table", e))?;
         let Some((pages, kind, version)) = row else {
-            return Ok(Splits::single(query));
+            return Ok(None);
         };
         // TID range scans need PostgreSQL 14; views and foreign tables have no pages.
         if version < 140_000 || !(kind == "r" || kind == "m") || pages <= 1 {
-            return Ok(Splits::single(query));
+            return Ok(None);
         }
         let bytes = pages as u64 * 8192;
         let n = (bytes.div_ceil(src.split_size_bytes()) as usize).clamp(1, max_splits);
         if n <= 1 {
-            return Ok(Splits::single(query));
+            return Ok(None);
         }
         // One snapshot for every split.
         let mut conn = self
@@ -529,12 +523,12 @@ impl Backend for PostgresBackend {
                 base.with_range(&range)
             })
             .collect();
-        Ok(Splits {
+        Ok(Some(Splits {
             queries: splits,
             note: Some(format!("ctid ranges of {pages} pages, one snapshot")),
             snapshot: Some(id),
             keepalive: Some(holder),
-        })
+        }))
     }
 
     async fn read(

@@ -13,8 +13,8 @@
 //! - `SUM` of an `int` is an `int` there (it fails past 2^31): sums of integers narrower than
 //!   `bigint` stay in Basin; `AVG` of integers truncates: only averages of floats are pushed.
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use basin_core::{SqlSourceConfig, TlsMode};
@@ -31,11 +31,12 @@ use tokio::net::TcpStream;
 use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
 
 use super::backend::{
-    Backend, BatchSender, Capabilities, Described, Splits, SqlDialect, Stop, flush, ranges,
+    Backend, BatchSender, Capabilities, Described, IdleConnections, Splits, SqlDialect, Stop,
+    flush, ranges,
 };
 use super::decode::{Columns, Value};
-use super::exec::RemoteQuery;
-use super::source::{ACQUIRE_TIMEOUT, CANNOT_CONNECT, RemoteSource, application_name};
+use super::exec::SplitBase;
+use super::source::{ACQUIRE_TIMEOUT, CANNOT_CONNECT, Login, RemoteSource, application_name};
 use super::types::{RemoteColumn, decimal, readable_common, timestamp};
 
 /// T-SQL.
@@ -273,12 +274,9 @@ type Conn = Client<Compat<TcpStream>>;
 pub struct SqlServerBackend {
     config: Config,
     address: String,
-    idle: Mutex<Vec<(Conn, Instant)>>,
+    idle: IdleConnections<Conn>,
     open: Arc<tokio::sync::Semaphore>,
 }
-
-/// How long a kept connection may wait idle.
-const IDLE: Duration = Duration::from_secs(300);
 
 /// A connection taken from the pool; given back with [`SqlServerBackend::give_back`], closed
 /// when dropped otherwise.
@@ -297,7 +295,7 @@ impl SqlServerBackend {
         Ok(Self {
             config,
             address,
-            idle: Mutex::new(Vec::new()),
+            idle: IdleConnections::default(),
             open: Arc::new(tokio::sync::Semaphore::new(pool_size as usize)),
         })
     }
@@ -315,11 +313,7 @@ impl SqlServerBackend {
                 )
             })?
             .map_err(|e| source.error("closed", e))?;
-        let kept = self.idle.lock().ok().and_then(|mut idle| {
-            idle.retain(|(_, since)| since.elapsed() < IDLE);
-            idle.pop()
-        });
-        if let Some((conn, _)) = kept {
+        if let Some(conn) = self.idle.take() {
             return Ok(Lease { conn, _open: open });
         }
         let connect = async {
@@ -345,9 +339,7 @@ impl SqlServerBackend {
 
     /// Keeps a connection whose last statement ended cleanly.
     fn give_back(&self, lease: Lease) {
-        if let Ok(mut idle) = self.idle.lock() {
-            idle.push((lease.conn, Instant::now()));
-        }
+        self.idle.keep(lease.conn);
     }
 
     /// Runs `sql` with `params` and returns every row (catalog queries).
@@ -514,14 +506,11 @@ impl Backend for SqlServerBackend {
     async fn plan_splits(
         &self,
         src: &Arc<RemoteSource>,
-        query: &RemoteQuery,
+        base: &SplitBase,
         max_splits: usize,
-    ) -> Result<Splits> {
-        let (Some(base), true) = (&query.split, max_splits > 1) else {
-            return Ok(Splits::single(query));
-        };
+    ) -> Result<Option<Splits>> {
         let Some(key) = &base.key else {
-            return Ok(Splits::single(query));
+            return Ok(None);
         };
         let d = SqlServerDialect;
         let k = d.quote_ident(key);
@@ -532,27 +521,27 @@ impl Backend for SqlServerBackend {
         );
         let rows = self.rows(src, "cannot size the table", &sql, &[]).await?;
         let Some(row) = rows.first() else {
-            return Ok(Splits::single(query));
+            return Ok(None);
         };
         let (Some(count), Some(lo), Some(hi)) = (number(row, 0), number(row, 1), number(row, 2))
         else {
-            return Ok(Splits::single(query));
+            return Ok(None);
         };
         let bytes = (count.max(0) as u64).saturating_mul(ROW_BYTES_ESTIMATE);
         let n = (bytes.div_ceil(src.split_size_bytes()) as usize).clamp(1, max_splits);
         if n <= 1 {
-            return Ok(Splits::single(query));
+            return Ok(None);
         }
         let queries = ranges(i128::from(lo), i128::from(hi), n, &k)
             .iter()
             .map(|r| base.with_range(r))
             .collect();
-        Ok(Splits {
+        Ok(Some(Splits {
             queries,
             note: Some(format!("ranges of {key}")),
             snapshot: None,
             keepalive: None,
-        })
+        }))
     }
 
     async fn read(
@@ -699,62 +688,27 @@ fn push(columns: &mut Columns, i: usize, cell: &ColumnData<'_>) -> Result<()> {
 /// tiberius' configuration of a catalog: `url` (`sqlserver://user:password@host:port/db`) or
 /// the separate fields, which override the URL's parts.
 fn tiberius_config(name: &str, c: &SqlSourceConfig) -> Result<Config> {
+    let login = Login::of(
+        name,
+        c,
+        "a SQL Server URL",
+        "sqlserver://user:password@host:port/database",
+        &["sqlserver", "mssql"],
+    )?;
     let mut config = Config::new();
-    let mut user = None;
-    let mut password = None;
-    if let Some(url) = &c.url {
-        let bad = |why: &str| {
-            DataFusionError::Configuration(format!(
-                "catalog `{name}`: `url` is not a SQL Server URL \
-                 (sqlserver://user:password@host:port/database): {why}"
-            ))
-        };
-        let parsed =
-            url::Url::parse(url.expose()).map_err(|e| bad(&url.redact_in(&e.to_string())))?;
-        if !matches!(parsed.scheme(), "sqlserver" | "mssql") {
-            return Err(bad("the scheme must be sqlserver://"));
-        }
-        let decode = |s: &str| {
-            percent_encoding::percent_decode_str(s)
-                .decode_utf8()
-                .map(|s| s.into_owned())
-                .map_err(|_| bad("a part is not UTF-8 once decoded"))
-        };
-        if let Some(host) = parsed.host_str() {
-            config.host(host);
-        }
-        if let Some(port) = parsed.port() {
-            config.port(port);
-        }
-        if !parsed.username().is_empty() {
-            user = Some(decode(parsed.username())?);
-        }
-        if let Some(p) = parsed.password() {
-            password = Some(decode(p)?);
-        }
-        let db = parsed.path().trim_start_matches('/');
-        if !db.is_empty() {
-            config.database(decode(db)?);
-        }
-    }
-    if let Some(h) = &c.host {
+    if let Some(h) = &login.host {
         config.host(h);
     }
-    if let Some(p) = c.port {
+    if let Some(p) = login.port {
         config.port(p);
     }
     if let Some(i) = &c.instance {
         config.instance_name(i);
     }
-    if let Some(d) = &c.database {
+    if let Some(d) = &login.database {
         config.database(d);
     }
-    if let Some(u) = &c.user {
-        user = Some(u.clone());
-    }
-    if let Some(p) = &c.password {
-        password = Some(p.expose().to_string());
-    }
+    let (user, password) = (login.user, login.password);
     let Some(user) = user else {
         return Err(DataFusionError::Configuration(format!(
             "catalog `{name}`: SQL Server needs a login: give `user` (and `password`) or put \
