@@ -33,6 +33,11 @@
 #              Exports BASIN_TEST_SQLSERVER_URL (sqlserver://basin:…@127.0.0.1:PORT/master),
 #              BASIN_TEST_SQLSERVER_PG_URL, BASIN_TEST_SQLSERVER_LOG (the server log) and
 #              BASIN_TEST_SQLSERVER_CA (its self-signed certificate, for TLS verification).
+#   mongodb    Microsoft DocumentDB (speaks MongoDB's protocol: SCRAM-SHA-256, TLS), prebuilt in
+#              the shared services folder; random ports, every statement of its PostgreSQL
+#              logged (the pipelines it runs). Exports BASIN_TEST_MONGODB_URL (TLS, any
+#              certificate), BASIN_TEST_MONGODB_URL_VERIFIED and BASIN_TEST_MONGODB_CA_FILE (its
+#              CA), BASIN_TEST_MONGODB_PG_URL and BASIN_TEST_MONGODB_LOG (the server log).
 #
 # Environment knobs:
 #   BASIN_SERVICES_DIR            state/data root (default /tmp/basin-services)
@@ -578,9 +583,51 @@ ms_stop() {
   log "sqlserver stopped"
 }
 
+# ---------------------------------------------------------------- mongodb (DocumentDB)
+
+mongo_start() {
+  local src dir="$STATE_DIR/mongodb" t0
+  if [[ -f "$STATE_DIR/mongodb.env" && -f "$dir/data/postmaster.pid" ]] &&
+    kill -0 "$(head -1 "$dir/data/postmaster.pid")" 2>/dev/null; then
+    log "mongodb already running ($dir)"
+    return 0
+  fi
+  src="$(shared_services)" ||
+    die "the prebuilt MongoDB service (DocumentDB) is not found: set BASIN_SHARED_SERVICES to the shared services folder"
+  t0="$(now)"
+  mkdir -p "$STATE_DIR"
+  "$src/documentdb/start.sh" "$dir" "$(free_port)" "$(free_port)" >"$STATE_DIR/mongodb.env.new" ||
+    die "DocumentDB did not start (logs: $dir/log)"
+  # shellcheck disable=SC1091
+  (
+    . "$STATE_DIR/mongodb.env.new"
+    # The backing PostgreSQL trusts 127.0.0.1; its superuser is `postgres`.
+    psql -q "${BASIN_TEST_MONGODB_PG_URL/basin:basinsecret@/postgres@}" -c "ALTER SYSTEM SET log_statement = 'all'" -c "SELECT pg_reload_conf()" >/dev/null
+  ) || die "cannot switch on DocumentDB's statement log"
+  {
+    cat "$STATE_DIR/mongodb.env.new"
+    echo "export BASIN_TEST_MONGODB_LOG=$dir/log/postgres.log"
+  } >"$STATE_DIR/mongodb.env"
+  rm -f "$STATE_DIR/mongodb.env.new"
+  log "mongodb (DocumentDB) ready in $(elapsed "$t0")s ($dir)"
+}
+
+mongo_stop() {
+  local src dir="$STATE_DIR/mongodb"
+  [[ -d "$dir" ]] || return 0
+  src="$(shared_services)" || { log "cannot find documentdb/stop.sh to stop $dir"; return 1; }
+  if [[ -n "${BASIN_SERVICES_KEEP:-}" ]]; then
+    "$src/documentdb/stop.sh" "$dir" >/dev/null 2>&1 || return 1
+  else
+    "$src/documentdb/stop.sh" "$dir" --purge >/dev/null 2>&1 || return 1
+  fi
+  rm -f "$STATE_DIR/mongodb.env"
+  log "mongodb stopped"
+}
+
 # ---------------------------------------------------------------- main
 
-SERVICES=(seaweedfs postgres mariadb sqlserver)
+SERVICES=(seaweedfs postgres mariadb sqlserver mongodb)
 
 canon() {
   case "$1" in
@@ -588,6 +635,7 @@ canon() {
     postgres | postgresql | pg) echo postgres ;;
     mariadb | mysql) echo mariadb ;;
     sqlserver | mssql | babelfish) echo sqlserver ;;
+    mongodb | mongo | documentdb) echo mongodb ;;
     *) die "unknown service '$1' (known: ${SERVICES[*]})" ;;
   esac
 }
@@ -603,6 +651,7 @@ case "$cmd" in
         postgres) pg_start ;;
         mariadb) maria_start ;;
         sqlserver) ms_start ;;
+        mongodb) mongo_start ;;
       esac
     done
     cat "$STATE_DIR"/*.env 2>/dev/null || true
@@ -614,6 +663,7 @@ case "$cmd" in
     db_stop postgres "$STATE_DIR/postgres." || rc=1
     db_stop mariadb "$STATE_DIR/mariadb." || rc=1
     ms_stop || rc=1
+    mongo_stop || rc=1
     if ((rc)); then die "some processes could not be stopped"; fi
     rmdir "$STATE_DIR" 2>/dev/null || true
     ;;

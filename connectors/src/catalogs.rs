@@ -19,6 +19,7 @@ pub fn runtime_env(config: &BasinConfig) -> Result<Arc<RuntimeEnv>> {
     // Every process that builds a runtime (front end, scheduler, executors) knows the
     // database sources by catalog name: plans name them, they never carry credentials.
     register_sources(config)?;
+    crate::mongodb::register_sources(config)?;
     let registry = Arc::new(BasinObjectStoreRegistry::new(config.storage.s3.clone()));
     RuntimeEnvBuilder::new()
         .with_object_store_registry(registry)
@@ -53,6 +54,15 @@ pub fn register_catalogs(
             | CatalogConfig::Oracle(_) => {
                 register_sources(config)?;
                 ctx.register_catalog(name, Arc::new(RemoteCatalogProvider::new(source(name)?)));
+            }
+            CatalogConfig::Mongodb(_) => {
+                crate::mongodb::register_sources(config)?;
+                ctx.register_catalog(
+                    name,
+                    Arc::new(crate::mongodb::MongoCatalogProvider::new(
+                        crate::mongodb::source(name)?,
+                    )),
+                );
             }
         }
         tracing::debug!(catalog = %name, connector = catalog.connector(), "registered catalog");

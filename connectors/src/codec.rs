@@ -36,6 +36,7 @@ use crate::iceberg::{
     IcebergRewriteExec, IcebergRewriteNode, IcebergScanExec, IcebergTableProvider,
     IcebergTableSpec, IcebergWriteExec, IcebergWriteNode, RewriteSpec, ScanSpec, WriteSpec,
 };
+use crate::mongodb::{MongoQuery, MongoQueryTable, MongoScanExec, MongoScanSpec};
 use crate::remote::{RemoteQuery, RemoteQueryTable, RemoteScanExec, RemoteScanSpec};
 use crate::tpch::{TpchOptions, TpchScanExec, TpchScanSpec, TpchTable, TpchTableProvider};
 
@@ -62,6 +63,8 @@ enum Kind {
     WorkTable = 15,
     IcebergRewrite = 16,
     IcebergRewriteExec = 17,
+    MongoQueryTable = 18,
+    MongoScan = 19,
 }
 
 /// A `generate_series` / `range` table (a query that runs as a Ballista job sends its
@@ -349,6 +352,10 @@ impl LogicalExtensionCodec for BasinLogicalCodec {
                 let query: RemoteQuery = decode_json(payload)?;
                 Ok(Arc::new(RemoteQueryTable::new(query, schema)))
             }
+            Some((k, payload)) if k == Kind::MongoQueryTable as u8 => {
+                let query: MongoQuery = decode_json(payload)?;
+                Ok(Arc::new(MongoQueryTable::new(query, schema)))
+            }
             Some((k, payload)) if k == Kind::Series as u8 => {
                 let wire: SeriesWire = decode_json(payload)?;
                 Ok(Arc::new(GenerateSeriesTable::new(schema, wire.into_args())))
@@ -389,6 +396,9 @@ impl LogicalExtensionCodec for BasinLogicalCodec {
         }
         if let Some(t) = node.as_any().downcast_ref::<RemoteQueryTable>() {
             return encode_json(Kind::RemoteQueryTable, t.query(), buf);
+        }
+        if let Some(t) = node.as_any().downcast_ref::<MongoQueryTable>() {
+            return encode_json(Kind::MongoQueryTable, t.query(), buf);
         }
         if let Some(t) = node.as_any().downcast_ref::<GenerateSeriesTable>()
             && let Some(wire) = SeriesWire::of(t)?
@@ -449,6 +459,10 @@ impl PhysicalExtensionCodec for BasinPhysicalCodec {
                 let spec: RemoteScanSpec = decode_json(payload)?;
                 Ok(Arc::new(RemoteScanExec::try_new(spec)?))
             }
+            Some((k, payload)) if k == Kind::MongoScan as u8 => {
+                let spec: MongoScanSpec = decode_json(payload)?;
+                Ok(Arc::new(MongoScanExec::try_new(spec)?))
+            }
             Some((k, payload)) if k == Kind::IcebergWriteExec as u8 => {
                 let spec: WriteSpec = decode_json(payload)?;
                 let input = inputs.first().cloned().ok_or_else(|| {
@@ -500,6 +514,9 @@ impl PhysicalExtensionCodec for BasinPhysicalCodec {
         }
         if let Some(scan) = node.as_any().downcast_ref::<RemoteScanExec>() {
             return encode_json(Kind::RemoteScan, scan.spec(), buf);
+        }
+        if let Some(scan) = node.as_any().downcast_ref::<MongoScanExec>() {
+            return encode_json(Kind::MongoScan, scan.spec(), buf);
         }
         if let Some(subset) = node.as_any().downcast_ref::<PartitionSubsetExec>() {
             return encode_json(Kind::PartitionSubset, &(subset.tasks(), subset.task()), buf);

@@ -5,7 +5,8 @@
 //!   tpch   : generated TPC-H data             (TpchScanExec on executors)
 //!   files  : local and S3 files, read_*()     (DataFusion listing tables)
 //!   iceberg: Iceberg REST/SQL catalogs        (IcebergScanExec, IcebergWriteExec)
-//!   remote : PostgreSQL, MySQL/MariaDB        (pushdown rule, RemoteScanExec)
+//!   remote : PostgreSQL, MySQL/MariaDB, SQL Server, Oracle (pushdown rule, RemoteScanExec)
+//!   mongodb: MongoDB                          (pipeline pushdown rule, MongoScanExec)
 //!   codec  : BasinLogicalCodec / BasinPhysicalCodec (client → scheduler → executors)
 //! ```
 
@@ -14,6 +15,7 @@ pub mod codec;
 pub mod exchange;
 pub mod files;
 pub mod iceberg;
+pub mod mongodb;
 pub mod portable;
 mod recursive;
 pub mod remote;
@@ -39,6 +41,39 @@ pub fn io_runtime() -> &'static tokio::runtime::Runtime {
             .build()
             .expect("start the I/O runtime")
     })
+}
+
+/// Runs `fut` on [`io_runtime`] and waits for it from async code; `source` names the
+/// source in the error of a task that failed.
+pub async fn on_io<T, Fut>(source: &str, fut: Fut) -> datafusion::error::Result<T>
+where
+    T: Send + 'static,
+    Fut: Future<Output = datafusion::error::Result<T>> + Send + 'static,
+{
+    match io_runtime().spawn(fut).await {
+        Ok(r) => r,
+        Err(e) => Err(datafusion::error::DataFusionError::Execution(format!(
+            "source `{source}`: task failed: {e}"
+        ))),
+    }
+}
+
+/// Runs `fut` on [`io_runtime`] and blocks until it is done (for DataFusion's synchronous
+/// catalog calls).
+pub fn on_io_blocking<T, Fut>(source: &str, fut: Fut) -> datafusion::error::Result<T>
+where
+    T: Send + 'static,
+    Fut: Future<Output = datafusion::error::Result<T>> + Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::channel();
+    io_runtime().spawn(async move {
+        let _ = tx.send(fut.await);
+    });
+    rx.recv().map_err(|_| {
+        datafusion::error::DataFusionError::Execution(format!(
+            "source `{source}`: connector stopped"
+        ))
+    })?
 }
 
 /// An HTTP connector for object stores whose requests run on [`io_runtime`], so that one

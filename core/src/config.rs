@@ -311,6 +311,10 @@ pub enum CatalogConfig {
     Sqlserver(Box<SqlSourceConfig>),
     /// An Oracle database (needs Oracle Instant Client at run time), queried in place.
     Oracle(Box<SqlSourceConfig>),
+    /// A MongoDB deployment (or one that speaks its protocol: DocumentDB, Cosmos DB),
+    /// queried in place: databases are schemas, collections are tables.
+    #[serde(alias = "mongo")]
+    Mongodb(Box<MongoSourceConfig>),
 }
 
 impl CatalogConfig {
@@ -323,6 +327,7 @@ impl CatalogConfig {
             CatalogConfig::Mysql(_) => "mysql",
             CatalogConfig::Sqlserver(_) => "sqlserver",
             CatalogConfig::Oracle(_) => "oracle",
+            CatalogConfig::Mongodb(_) => "mongodb",
         }
     }
 }
@@ -397,6 +402,64 @@ pub struct SqlSourceConfig {
     /// PostgreSQL `statement_timeout`, MariaDB `max_statement_time`, MySQL
     /// `max_execution_time`. A query that reaches it fails with an error that names it.
     pub statement_timeout_secs: Option<u64>,
+}
+
+/// Options of a `connector = "mongodb"` catalog.
+///
+/// ```toml
+/// [catalogs.shop]
+/// connector = "mongodb"
+/// url = "mongodb://reader:${env:MONGO_PASSWORD}@db1:27017/?tls=true&authSource=admin"
+/// sample_size = 1000
+/// [catalogs.shop.collections."sales.orders"]
+/// columns = ["_id objectid", "total decimal(12,2)", "placed timestamp", "lines json"]
+/// ```
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MongoSourceConfig {
+    /// A MongoDB connection string (`mongodb://` or `mongodb+srv://`), with its options
+    /// (`tls`, `authSource`, `authMechanism`, `replicaSet`, `directConnection`...).
+    #[serde(default)]
+    pub url: Option<Secret>,
+    /// Overrides the URL's user name.
+    #[serde(default, deserialize_with = "env_string_opt")]
+    pub user: Option<String>,
+    /// Overrides the URL's password.
+    #[serde(default)]
+    pub password: Option<Secret>,
+    /// PEM file of the CA that signed the server's certificate (switches TLS on).
+    #[serde(default, deserialize_with = "env_string_opt")]
+    pub tls_ca_file: Option<String>,
+    /// Only these databases are schemas of the catalog (default: every database the user
+    /// can list, except `admin`, `config` and `local`).
+    pub databases: Option<Vec<String>>,
+    /// Documents sampled to find a collection's columns and types (default 1000).
+    pub sample_size: Option<usize>,
+    /// Declared columns of collections (`"database.collection"`), instead of sampling.
+    #[serde(default)]
+    pub collections: std::collections::BTreeMap<String, MongoCollectionConfig>,
+    /// Connections kept open per Basin process (default 8).
+    pub pool_size: Option<u32>,
+    /// Pipelines run at once per Basin process (default 4); the rest wait.
+    pub max_concurrent_queries: Option<usize>,
+    /// How long discovered databases, collections and columns are cached (default 60 s).
+    pub metadata_ttl_secs: Option<u64>,
+    /// Collection bytes per parallel read split (default 64 MiB).
+    pub split_size_bytes: Option<u64>,
+    /// Most splits of one collection scan (default: 2 per task slot of the cluster).
+    pub max_splits: Option<usize>,
+    /// Longest one pipeline may run on the server, in seconds (`maxTimeMS`; default: no
+    /// limit).
+    pub statement_timeout_secs: Option<u64>,
+}
+
+/// The declared columns of one MongoDB collection: `"name type"` each, in order. Types:
+/// `string`, `int`, `bigint`, `double`, `decimal(p,s)`, `boolean`, `date`, `timestamp`,
+/// `timestamptz`, `binary`, `objectid`, `json` (any value, as extended JSON text).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct MongoCollectionConfig {
+    pub columns: Vec<String>,
 }
 
 /// Options of a `connector = "tpch"` catalog.
@@ -547,6 +610,14 @@ impl BasinConfig {
                 return Err(format!(
                     "catalog `{name}`: give `url` (e.g. {}://user@host/db) or `host`",
                     catalog.connector()
+                ));
+            }
+            if let CatalogConfig::Mongodb(c) = catalog
+                && c.url.is_none()
+            {
+                return Err(format!(
+                    "catalog `{name}`: give `url`, a MongoDB connection string \
+                     (mongodb://user@host:27017/?tls=true)"
                 ));
             }
         }

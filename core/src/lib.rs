@@ -17,7 +17,8 @@ pub mod secret;
 
 pub use config::{
     BasinConfig, ByteSize, CatalogConfig, ExecutorConfig, FlightSqlConfig, IcebergCatalogConfig,
-    IcebergCatalogKind, S3Config, ServerConfig, SqlSourceConfig, StorageConfig, TlsMode,
+    IcebergCatalogKind, MongoCollectionConfig, MongoSourceConfig, S3Config, ServerConfig,
+    SqlSourceConfig, StorageConfig, TlsMode,
 };
 pub use error::{BasinError, Result};
 pub use secret::Secret;

@@ -23,6 +23,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use basin_connectors::iceberg::IcebergScanExec;
+use basin_connectors::mongodb::MongoScanExec;
 use basin_connectors::remote::RemoteScanExec;
 use basin_connectors::tpch::TpchScanExec;
 use datafusion::arrow::record_batch::RecordBatch;
@@ -302,7 +303,8 @@ fn node_expressions(node: &dyn ExecutionPlan) -> Option<Vec<Arc<dyn PhysicalExpr
         || any.is::<CooperativeExec>()
         || any.is::<TpchScanExec>()
         || any.is::<IcebergScanExec>()
-        || any.is::<RemoteScanExec>();
+        || any.is::<RemoteScanExec>()
+        || any.is::<MongoScanExec>();
     plain.then(Vec::new)
 }
 

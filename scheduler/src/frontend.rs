@@ -24,6 +24,7 @@ use basin_connectors::iceberg::{
     Procedure, RowChange, WriteSpec, by_whole_files, no_change, plan_optimize, plan_rewrite,
     row_change_plan,
 };
+use basin_connectors::mongodb::MongoPushdown;
 use basin_connectors::portable::portable_plan;
 use basin_connectors::remote::RemotePushdown;
 use basin_core::BasinConfig;
@@ -108,6 +109,7 @@ pub fn connect(
         .with_physical_optimizer_rules(physical_rules)
         .with_query_planner(Arc::new(planner))
         .with_optimizer_rule(Arc::new(RemotePushdown))
+        .with_optimizer_rule(Arc::new(MongoPushdown))
         .with_optimizer_rule(Arc::new(NotInAsAntiJoin))
         .with_optimizer_rule(Arc::new(AggregateSubqueryAsWindow))
         .with_optimizer_rule(Arc::new(PrefilterGroups))

@@ -1,8 +1,10 @@
-//! PostgreSQL, MariaDB and SQL Server (Babelfish) sources end to end, on throwaway servers
-//! that `.ci/services.sh start postgres mariadb sqlserver` starts (BASIN_TEST_PG_URL/_LOG,
-//! BASIN_TEST_MYSQL_URL/_LOG, BASIN_TEST_SQLSERVER_URL/_LOG). Every check compares the source's answer with the answer Basin
-//! computes itself over a copy of the same rows in the embedded Iceberg catalog, and pushdown
-//! is asserted on the SQL the server actually received (its statement log).
+//! PostgreSQL, MariaDB, SQL Server (Babelfish) and MongoDB (DocumentDB) sources end to end,
+//! on throwaway servers that `.ci/services.sh start postgres mariadb sqlserver mongodb`
+//! starts (BASIN_TEST_PG_URL/_LOG, BASIN_TEST_MYSQL_URL/_LOG, BASIN_TEST_SQLSERVER_URL/_LOG,
+//! BASIN_TEST_MONGODB_URL/_LOG). Every check compares the source's answer with the answer
+//! Basin computes itself over a copy of the same rows in the embedded Iceberg catalog, and
+//! pushdown is asserted on what the server actually received (its statement log; DocumentDB
+//! logs each pipeline as a BSON parameter of the SQL it runs).
 //!
 //! The conformance cases are shared by both connectors; what each connector pushes follows its
 //! capability flags and per-type guards.
@@ -20,6 +22,8 @@ pub(crate) struct Servers {
     pub(crate) my_log: PathBuf,
     pub(crate) ms_url: String,
     pub(crate) ms_log: PathBuf,
+    pub(crate) mg_url: String,
+    pub(crate) mg_log: PathBuf,
 }
 
 pub(crate) fn servers(test: &str) -> Option<Servers> {
@@ -31,22 +35,33 @@ pub(crate) fn servers(test: &str) -> Option<Servers> {
         var("BASIN_TEST_MYSQL_LOG"),
         var("BASIN_TEST_SQLSERVER_URL"),
         var("BASIN_TEST_SQLSERVER_LOG"),
+        var("BASIN_TEST_MONGODB_URL"),
+        var("BASIN_TEST_MONGODB_LOG"),
     ) {
-        (Some(pg_url), Some(pg_log), Some(my_url), Some(my_log), Some(ms_url), Some(ms_log)) => {
-            Some(Servers {
-                pg_url,
-                pg_log: pg_log.into(),
-                my_url,
-                my_log: my_log.into(),
-                ms_url,
-                ms_log: ms_log.into(),
-            })
-        }
+        (
+            Some(pg_url),
+            Some(pg_log),
+            Some(my_url),
+            Some(my_log),
+            Some(ms_url),
+            Some(ms_log),
+            Some(mg_url),
+            Some(mg_log),
+        ) => Some(Servers {
+            pg_url,
+            pg_log: pg_log.into(),
+            my_url,
+            my_log: my_log.into(),
+            ms_url,
+            ms_log: ms_log.into(),
+            mg_url,
+            mg_log: mg_log.into(),
+        }),
         _ => {
             let msg = format!(
-                "{test}: skipped: BASIN_TEST_PG_URL/BASIN_TEST_MYSQL_URL/BASIN_TEST_SQLSERVER_URL \
-                 are not set; run `eval \"$(.ci/services.sh start postgres mariadb sqlserver)\"` \
-                 first"
+                "{test}: skipped: BASIN_TEST_PG_URL/BASIN_TEST_MYSQL_URL/BASIN_TEST_SQLSERVER_URL/\
+                 BASIN_TEST_MONGODB_URL are not set; run `eval \"$(.ci/services.sh start postgres \
+                 mariadb sqlserver mongodb)\"` first"
             );
             assert!(!in_ci(), "{msg}");
             eprintln!("{msg}");
@@ -167,17 +182,64 @@ pub(crate) fn tsql(url: &str, sql: &str) -> String {
     })
 }
 
-/// A schema (PostgreSQL, SQL Server) and database (MariaDB) of the same name for one test,
-/// dropped at the end.
-struct Fixture {
-    s: Servers,
-    name: String,
-    dir: crate::Scratch,
-    config: PathBuf,
+/// Runs `f` with a MongoDB client of `url` and returns its result.
+pub(crate) fn mongo<T, Fut>(url: &str, f: impl FnOnce(mongodb::Client) -> Fut) -> T
+where
+    Fut: std::future::Future<Output = T>,
+{
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let client = mongodb::Client::with_uri_str(url)
+            .await
+            .expect("MongoDB URL");
+        f(client).await
+    })
+}
+
+/// The commands in DocumentDB's statement log lines (BSON parameters, `'\x…'`), as relaxed
+/// extended JSON, one per line.
+pub(crate) fn mongo_commands(log: &str) -> String {
+    let mut out = vec![];
+    for line in log.lines() {
+        let mut rest = line;
+        while let Some(i) = rest.find("'\\x") {
+            let hex: String = rest[i + 3..]
+                .chars()
+                .take_while(|c| c.is_ascii_hexdigit())
+                .collect();
+            rest = &rest[i + 3 + hex.len()..];
+            let bytes: Vec<u8> = (0..hex.len() / 2)
+                .filter_map(|k| u8::from_str_radix(&hex[2 * k..2 * k + 2], 16).ok())
+                .collect();
+            if let Ok(raw) = bson::RawDocumentBuf::from_bytes(bytes)
+                && let Ok(doc) = bson::Document::try_from(raw)
+            {
+                let mut text = String::new();
+                basin_connectors::mongodb::exec::ordered_json(
+                    &bson::Bson::Document(doc),
+                    &mut text,
+                );
+                out.push(text);
+            }
+        }
+    }
+    out.join("\n")
+}
+
+/// A schema (PostgreSQL, SQL Server) and database (MariaDB, MongoDB) of the same name for
+/// one test, dropped at the end.
+pub(crate) struct Fixture {
+    pub(crate) s: Servers,
+    pub(crate) name: String,
+    pub(crate) dir: crate::Scratch,
+    pub(crate) config: PathBuf,
 }
 
 impl Fixture {
-    fn new(test: &str) -> Option<Self> {
+    pub(crate) fn new(test: &str) -> Option<Self> {
         let s = servers(test)?;
         let name = format!("t_{}_{test}", std::process::id());
         psql(
@@ -190,6 +252,10 @@ impl Fixture {
         );
         drop_tsql_schema(&s.ms_url, &name);
         tsql(&s.ms_url, &format!("CREATE SCHEMA {name}"));
+        let db = name.clone();
+        mongo(&s.mg_url, |c| async move {
+            c.database(&db).drop().await.unwrap()
+        });
         let dir = scratch_dir(test);
         let config = dir.join("basin.toml");
         std::fs::write(
@@ -200,8 +266,10 @@ impl Fixture {
                  [catalogs.my]\nconnector = \"mysql\"\nurl = \"{}\"\ntls = \"disable\"\n\
                  split_size_bytes = 1048576\nmax_splits = 4\n\n\
                  [catalogs.ms]\nconnector = \"sqlserver\"\nurl = \"{}\"\ntls = \"require\"\n\
+                 split_size_bytes = 1048576\nmax_splits = 4\n\n\
+                 [catalogs.mg]\nconnector = \"mongodb\"\nurl = \"{}\"\n\
                  split_size_bytes = 1048576\nmax_splits = 4\n",
-                s.pg_url, s.my_url, s.ms_url
+                s.pg_url, s.my_url, s.ms_url, s.mg_url
             ),
         )
         .unwrap();
@@ -229,7 +297,33 @@ impl Fixture {
         tsql(&self.s.ms_url, &sql.replace("{s}", &self.name))
     }
 
-    fn run(&self, sql: &str) -> Output {
+    /// Runs `f` on this test's MongoDB database.
+    pub(crate) fn mg<T, Fut>(&self, f: impl FnOnce(mongodb::Database) -> Fut) -> T
+    where
+        Fut: std::future::Future<Output = T>,
+    {
+        let name = self.name.clone();
+        mongo(&self.s.mg_url, |c| f(c.database(&name)))
+    }
+
+    /// Declares the columns of a MongoDB collection of this test's database in basin.toml.
+    pub(crate) fn declare_mg(&self, collection: &str, columns: &[&str]) {
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.config)
+            .unwrap();
+        let columns: Vec<String> = columns.iter().map(|c| format!("{c:?}")).collect();
+        writeln!(
+            file,
+            "\n[catalogs.mg.collections.\"{}.{collection}\"]\ncolumns = [{}]",
+            self.name,
+            columns.join(", ")
+        )
+        .unwrap();
+    }
+
+    pub(crate) fn run(&self, sql: &str) -> Output {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_basin"));
         cmd.args(["standalone", "--format", "csv", "--config"])
             .arg(&self.config);
@@ -246,7 +340,7 @@ impl Fixture {
             .run_within()
     }
 
-    fn ok(&self, sql: &str) -> String {
+    pub(crate) fn ok(&self, sql: &str) -> String {
         let out = self.run(sql);
         assert!(out.status.success(), "{sql}\n{}", stderr(&out));
         stdout(&out)
@@ -254,7 +348,7 @@ impl Fixture {
 
     /// Runs `sql` and returns its output and the statements the source received meanwhile
     /// that mention this test's schema.
-    fn traced(&self, log: &Path, sql: &str) -> (String, String) {
+    pub(crate) fn traced(&self, log: &Path, sql: &str) -> (String, String) {
         let before = std::fs::metadata(log).map(|m| m.len()).unwrap_or(0);
         let out = self.ok(sql);
         let read = || {
@@ -298,6 +392,13 @@ impl Drop for Fixture {
             )
         });
         let _ = std::panic::catch_unwind(|| drop_tsql_schema(&self.s.ms_url, &self.name));
+        let db = self.name.clone();
+        let _ = std::panic::catch_unwind(|| {
+            mongo(
+                &self.s.mg_url,
+                |c| async move { c.database(&db).drop().await },
+            )
+        });
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -376,6 +477,68 @@ fn load_conformance(f: &Fixture) {
          CREATE TABLE {{s}}.cats (id int PRIMARY KEY, label nvarchar(20) NOT NULL); \
          INSERT INTO {{s}}.cats VALUES (0, 'zero'), (1, 'one'), (2, 'two')"
     ));
+    // MongoDB: the same rows as documents (`ts` missing where the others hold NULL), with
+    // the columns declared so that their types are the SQL tables'.
+    let docs = conformance_docs();
+    f.mg(|db| async move {
+        db.collection::<bson::Document>("items")
+            .insert_many(docs)
+            .await
+            .unwrap();
+        db.collection::<bson::Document>("cats")
+            .insert_many([
+                bson::doc! { "_id": 0, "id": 0, "label": "zero" },
+                bson::doc! { "_id": 1, "id": 1, "label": "one" },
+                bson::doc! { "_id": 2, "id": 2, "label": "two" },
+            ])
+            .await
+            .unwrap();
+    });
+    f.declare_mg(
+        "items",
+        &[
+            "_id int",
+            "id int",
+            "grp int",
+            "name string",
+            "code string",
+            "price decimal(10,2)",
+            "qty bigint",
+            "ratio double",
+            "day date",
+            "ts timestamp",
+        ],
+    );
+}
+
+/// [`conformance_rows`] as MongoDB documents.
+fn conformance_docs() -> Vec<bson::Document> {
+    let date = |day: u32, hour: u32| {
+        bson::DateTime::from_millis(
+            // 2024-01-01T00:00:00Z
+            (1_704_067_200_i64 + i64::from(day - 1) * 86_400 + i64::from(hour) * 3600) * 1000,
+        )
+    };
+    (1..=40u32)
+        .map(|i| {
+            let code = ["abc", "ABC", "Abc", "xyz"][i as usize % 4];
+            let mut d = bson::doc! {
+                "_id": i as i32,
+                "id": i as i32,
+                "grp": (i % 4) as i32,
+                "name": format!("item {i}"),
+                "code": code,
+                "price": format!("{}.{:02}", i * 3, i % 100).parse::<bson::Decimal128>().unwrap(),
+                "qty": i64::from(i * 37 % 500),
+                "ratio": if i % 5 == 0 { bson::Bson::Null } else { bson::Bson::Double(f64::from(i) / 8.0) },
+                "day": date(i % 28 + 1, 0),
+            };
+            if i % 7 != 0 {
+                d.insert("ts", bson::DateTime::from_millis(date(i % 28 + 1, i % 24).timestamp_millis() + 30 * 60_000));
+            }
+            d
+        })
+        .collect()
 }
 
 /// A conformance case: the query (`{t}` is the schema prefix), and per source the fragments
@@ -386,6 +549,8 @@ struct Case {
     pg: &'static [&'static str],
     my: &'static [&'static str],
     ms: &'static [&'static str],
+    /// MongoDB: fragments of the commands it received, as relaxed extended JSON.
+    mg: &'static [&'static str],
 }
 
 const CASES: &[Case] = &[
@@ -395,6 +560,7 @@ const CASES: &[Case] = &[
         pg: &["+\"grp\" = 2", "+\"id\" > 10"],
         my: &["+`grp` = 2", "+`id` > 10"],
         ms: &["+[grp] = 2", "+[id] > 10"],
+        mg: &["+\"grp\":{\"$eq\":2}", "+\"id\":{\"$gt\":10}"],
     },
     Case {
         name: "aggregates with group by",
@@ -403,6 +569,7 @@ const CASES: &[Case] = &[
         pg: &["+GROUP BY", "+sum("],
         my: &["+GROUP BY", "+sum("],
         ms: &["+GROUP BY", "+sum("],
+        mg: &["+\"$group\"", "+\"$sum\":\"$price\"", "+\"$avg\":\"$qty\""],
     },
     Case {
         // DataFusion computes `price * (1 - qty)` once (`__common_expr_1`) below the aggregate:
@@ -415,6 +582,7 @@ const CASES: &[Case] = &[
         my: &["-__common_expr"],
         // SQL Server: likewise (a decimal times a bigint needs a CAST there).
         ms: &["-__common_expr"],
+        mg: &["+\"$lte\":{\"$date\"", "-\"$group\""],
     },
     Case {
         name: "count distinct",
@@ -423,6 +591,7 @@ const CASES: &[Case] = &[
         pg: &["+GROUP BY"],
         my: &["+GROUP BY"],
         ms: &["+GROUP BY"],
+        mg: &["+\"$group\""],
     },
     Case {
         name: "top-n",
@@ -430,6 +599,7 @@ const CASES: &[Case] = &[
         pg: &["+LIMIT 5", "+ORDER BY"],
         my: &["+LIMIT 5", "+ORDER BY"],
         ms: &["+TOP (5)", "+ORDER BY"],
+        mg: &["+\"$sort\"", "+\"$limit\":5"],
     },
     Case {
         name: "limit",
@@ -437,6 +607,7 @@ const CASES: &[Case] = &[
         pg: &["+LIMIT 3"],
         my: &["+LIMIT 3"],
         ms: &["+TOP (3)"],
+        mg: &["+\"$limit\":3"],
     },
     Case {
         name: "join within one source",
@@ -445,6 +616,7 @@ const CASES: &[Case] = &[
         pg: &["+JOIN"],
         my: &["+JOIN"],
         ms: &["+JOIN"],
+        mg: &["+\"id\":{\"$lt\":12}", "-\"$lookup\""],
     },
     Case {
         name: "text equality on a byte-comparing column",
@@ -453,6 +625,7 @@ const CASES: &[Case] = &[
         my: &["+X'6974656D2037'"],
         // SQL Server ignores trailing spaces and case: pushed as a superset, checked in Basin.
         ms: &["+N'item 7'"],
+        mg: &["+\"name\":{\"$eq\":\"item 7\"}"],
     },
     Case {
         name: "text equality on a case-insensitive column is pushed loosely and checked in Basin",
@@ -460,6 +633,7 @@ const CASES: &[Case] = &[
         pg: &["+E'abc'"],
         my: &["+X'616263'"],
         ms: &["+N'abc'"],
+        mg: &["+\"code\":{\"$eq\":\"abc\"}"],
     },
     Case {
         name: "text ordering needs a code-point collation",
@@ -467,6 +641,7 @@ const CASES: &[Case] = &[
         pg: &["-E'item 2'"],
         my: &["+X'6974656D2032'"],
         ms: &["-N'item 2'"],
+        mg: &["+\"name\":{\"$lt\":\"item 2\"}"],
     },
     Case {
         name: "float comparisons stay in Basin",
@@ -474,6 +649,7 @@ const CASES: &[Case] = &[
         pg: &["-2.5"],
         my: &["-2.5"],
         ms: &["-2.5"],
+        mg: &["-2.5"],
     },
     Case {
         name: "like, in, between, is null, case",
@@ -485,6 +661,12 @@ const CASES: &[Case] = &[
         my: &["+LIKE", "+`grp` = 3", "+IS NOT NULL", "+CASE"],
         // LIKE on a case-insensitive column stays in Basin, and the CASE above it.
         ms: &["+[grp] = 3", "+IS NOT NULL", "-CASE"],
+        mg: &[
+            "+\"pattern\":\"^item\\\\ 1.*\"",
+            "+\"$in\":[1,3]",
+            "+\"ts\":{\"$ne\":null}",
+            "-\"$cond\"",
+        ],
     },
     Case {
         name: "scalar subquery",
@@ -494,6 +676,7 @@ const CASES: &[Case] = &[
         // A decimal average: MySQL and SQL Server round it at a scale of their own.
         my: &["-avg("],
         ms: &["-avg("],
+        mg: &["-\"$avg\""],
     },
     Case {
         name: "a function Basin does not push keeps the rest pushed",
@@ -501,6 +684,7 @@ const CASES: &[Case] = &[
         pg: &["+\"grp\" = 1", "-length("],
         my: &["+`grp` = 1", "-length("],
         ms: &["+[grp] = 1", "-length("],
+        mg: &["+\"grp\":{\"$eq\":1}", "-length"],
     },
     Case {
         name: "timestamps and dates",
@@ -509,6 +693,10 @@ const CASES: &[Case] = &[
         pg: &["+GROUP BY"],
         my: &["+GROUP BY"],
         ms: &["+GROUP BY"],
+        mg: &[
+            "+\"$group\"",
+            "+\"ts\":{\"$gte\":{\"$date\":\"2024-01-10T00:00:00Z\"}}",
+        ],
     },
 ];
 
@@ -550,7 +738,7 @@ fn check_fragments(case: &Case, source: &str, sent: &str, fragments: &[&str]) {
 }
 
 #[test]
-fn conformance_suite_on_postgres_mariadb_and_sqlserver() {
+fn conformance_suite_on_postgres_mariadb_sqlserver_and_mongodb() {
     let Some(f) = Fixture::new("conformance") else {
         return;
     };
@@ -576,9 +764,15 @@ fn conformance_suite_on_postgres_mariadb_and_sqlserver() {
             ("pg", &f.s.pg_log, case.pg),
             ("my", &f.s.my_log, case.my),
             ("ms", &f.s.ms_log, case.ms),
+            ("mg", &f.s.mg_log, case.mg),
         ] {
             let sql = case.sql.replace("{t}", &format!("{catalog}.{n}"));
             let (got, sent) = f.traced(log, &sql);
+            let sent = if catalog == "mg" {
+                mongo_commands(&sent)
+            } else {
+                sent
+            };
             let got = got.replace(&format!("{catalog}.{n}."), "lake.");
             assert_eq!(got, want, "{catalog}, case `{}`: {sql}", case.name);
             check_fragments(case, catalog, &sent, fragments);
@@ -671,6 +865,18 @@ fn hostile_strings_are_literals_everywhere() {
          INSERT INTO {{s}}.h VALUES {}",
         ms_values.join(", ")
     ));
+    let docs: Vec<bson::Document> = hostile
+        .iter()
+        .enumerate()
+        .map(|(i, s)| bson::doc! { "_id": i as i64, "id": i as i32, "s": s.as_str() })
+        .collect();
+    f.mg(|db| async move {
+        db.collection::<bson::Document>("h")
+            .insert_many(docs)
+            .await
+            .unwrap()
+    });
+    f.declare_mg("h", &["_id bigint", "id int", "s string"]);
     f.ok(&format!(
         "CREATE SCHEMA lake.{n}; CREATE TABLE lake.{n}.h AS SELECT * FROM my.{n}.h"
     ));
@@ -707,8 +913,15 @@ fn hostile_strings_are_literals_everywhere() {
         ("my", &f.s.my_log, "X'785C27204F5220313D3129202D2D'"),
         // SQL Server's equality is looser (padding, case): pushed, and checked in Basin.
         ("ms", &f.s.ms_log, "N'x\\'' OR 1=1) --'"),
+        // MongoDB: values travel as BSON strings, never as text to parse.
+        ("mg", &f.s.mg_log, "\"s\":{\"$eq\":\"x\\\\' OR 1=1) --\"}"),
     ] {
         let (got, sent) = f.traced(log, &script(&format!("{catalog}.{n}")));
+        let sent = if catalog == "mg" {
+            mongo_commands(&sent)
+        } else {
+            sent
+        };
         assert_eq!(got, want, "{catalog}");
         // The predicates were pushed, with the literals rendered safely.
         assert!(
@@ -720,6 +933,7 @@ fn hostile_strings_are_literals_everywhere() {
     let nul = "SELECT id FROM {t}.h WHERE s = 'a' || chr(0) || 'b' ORDER BY id";
     assert_eq!(f.ok(&nul.replace("{t}", &format!("pg.{n}"))), "id\n");
     assert_eq!(f.ok(&nul.replace("{t}", &format!("ms.{n}"))), "id\n");
+    assert_eq!(f.ok(&nul.replace("{t}", &format!("mg.{n}"))), "id\n");
     assert_eq!(
         f.ok(&nul.replace("{t}", &format!("my.{n}"))),
         format!("id\n{}\n", hostile.len())
@@ -744,6 +958,16 @@ fn hostile_strings_are_literals_everywhere() {
         f.ms("SELECT count(*) FROM {s}.h").trim(),
         hostile.len().to_string()
     );
+    let (count, collections) = f.mg(|db| async move {
+        let count = db
+            .collection::<bson::Document>("h")
+            .count_documents(bson::doc! {})
+            .await
+            .unwrap();
+        (count, db.list_collection_names().await.unwrap())
+    });
+    assert_eq!(count as usize, hostile.len());
+    assert_eq!(collections, ["h"]);
     assert_eq!(
         f.my(&format!(
             "SELECT count(*) FROM information_schema.tables WHERE table_schema = '{n}'"
@@ -1273,6 +1497,38 @@ fn cross_source_join_runs_on_the_executors() {
         log.lines()
             .any(|l| l.contains("sql_batch") && l.contains("[regions]")),
         "SQL Server was not read:\n{log}"
+    );
+
+    // MongoDB joins them too: its pipeline runs on an executor (the command's comment names
+    // the Basin process that sent it).
+    f.mg(|db| async move {
+        db.collection::<bson::Document>("targets")
+            .insert_many([
+                bson::doc! { "_id": "africa", "target": 5000 },
+                bson::doc! { "_id": "america", "target": 40000 },
+            ])
+            .await
+            .unwrap()
+    });
+    let before = std::fs::metadata(&f.s.mg_log).map(|m| m.len()).unwrap_or(0);
+    let out = cluster.sql(&format!(
+        "SELECT r.region, count(*) AS orders, max(t.target) AS target, sum(w.w) AS w \
+         FROM pg.{n}.orders o JOIN ms.{n}.regions r ON o.nation = r.nation \
+         JOIN mg.{n}.targets t ON t._id = r.region JOIN lake.{n}.weights w ON w.region = r.region \
+         GROUP BY r.region ORDER BY r.region"
+    ));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "region,orders,target,w\nafrica,8000,5000,16000\namerica,32000,40000,96000\n"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let commands = mongo_commands(&log_since(&f.s.mg_log, before));
+    assert!(
+        commands
+            .lines()
+            .any(|l| l.contains("\"aggregate\":\"targets\"") && l.contains("basin executor split")),
+        "MongoDB was not read by an executor:\n{commands}"
     );
 }
 

@@ -5,6 +5,7 @@ mod federation;
 mod iceberg;
 mod liveness;
 mod memory;
+mod mongodb;
 mod names;
 mod oracle;
 mod routes;

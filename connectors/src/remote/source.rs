@@ -148,29 +148,16 @@ impl RemoteSource {
         T: Send + 'static,
         Fut: Future<Output = Result<T>> + Send + 'static,
     {
-        match crate::io_runtime().spawn(fut).await {
-            Ok(r) => r,
-            Err(e) => Err(DataFusionError::Execution(format!(
-                "source `{}`: task failed: {e}",
-                self.name
-            ))),
-        }
+        crate::on_io(&self.name, fut).await
     }
 
-    /// Runs `fut` on the connector runtime and blocks until it is done (for DataFusion's
-    /// synchronous catalog calls).
+    /// Runs `fut` on the connector runtime and blocks until it is done.
     pub fn call_blocking<T, Fut>(&self, fut: Fut) -> Result<T>
     where
         T: Send + 'static,
         Fut: Future<Output = Result<T>> + Send + 'static,
     {
-        let (tx, rx) = std::sync::mpsc::channel();
-        crate::io_runtime().spawn(async move {
-            let _ = tx.send(fut.await);
-        });
-        rx.recv().map_err(|_| {
-            DataFusionError::Execution(format!("source `{}`: connector stopped", self.name))
-        })?
+        crate::on_io_blocking(&self.name, fut)
     }
 }
 
