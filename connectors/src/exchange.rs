@@ -587,7 +587,8 @@ fn status_text(status: &tonic::Status) -> String {
 /// A Flight error as DataFusion's: the executor's own message when it sent one.
 fn flight_error(e: FlightError) -> DataFusionError {
     match e {
-        FlightError::Tonic(status) => DataFusionError::Execution(status_text(&status)),
+        FlightError::Tonic(status) => crate::remote::status_source_error(&status)
+            .unwrap_or_else(|| DataFusionError::Execution(status_text(&status))),
         FlightError::ExternalError(e) => match e.downcast::<DataFusionError>() {
             Ok(e) => *e,
             Err(e) => DataFusionError::External(e),

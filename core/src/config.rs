@@ -446,7 +446,7 @@ pub struct MongoSourceConfig {
     pub metadata_ttl_secs: Option<u64>,
     /// Collection bytes per parallel read split (default 64 MiB).
     pub split_size_bytes: Option<u64>,
-    /// Most splits of one collection scan (default: 2 per task slot of the cluster).
+    /// Most `_id`-range splits of one collection scan (default 1: one cursor).
     pub max_splits: Option<usize>,
     /// Longest one pipeline may run on the server, in seconds (`maxTimeMS`; default: no
     /// limit).

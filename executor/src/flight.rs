@@ -192,6 +192,10 @@ fn flight_stream(stream: SendableRecordBatchStream) -> Boxed<FlightData> {
 
 /// The error as the user should read it: the message without DataFusion's kind prefix.
 fn stage_error(e: DataFusionError) -> Status {
+    // A source's failure keeps its kind on the way to the scheduler (and the client).
+    if let Some(status) = basin_connectors::remote::source_status(&e) {
+        return status;
+    }
     match e.find_root() {
         DataFusionError::ResourcesExhausted(_) => Status::resource_exhausted(e.message()),
         _ => Status::internal(e.message().into_owned()),

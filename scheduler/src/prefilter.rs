@@ -215,12 +215,15 @@ fn repeatable(source: &KeySource) -> bool {
 }
 
 /// Whether `plan` yields the same rows when it is read a second time in the same query: no
-/// volatile expression and no row limit.
+/// volatile expression, no row limit, and no live database source (PostgreSQL, MySQL, SQL
+/// Server, Oracle, MongoDB): two reads of one are two statements that can see different
+/// rows — a `NOT IN` checked against one read and anti-joined with the other could answer
+/// what neither state of the source holds.
 pub(crate) fn reads_the_same_twice(plan: &LogicalPlan) -> bool {
     let mut repeatable = true;
     let _ = plan.apply(|node| {
         let limited = match node {
-            LogicalPlan::TableScan(scan) => scan.fetch.is_some(),
+            LogicalPlan::TableScan(scan) => scan.fetch.is_some() || reads_a_live_source(scan),
             LogicalPlan::Limit(_) => true,
             _ => false,
         };
@@ -231,6 +234,20 @@ pub(crate) fn reads_the_same_twice(plan: &LogicalPlan) -> bool {
         Ok(datafusion::common::tree_node::TreeNodeRecursion::Continue)
     });
     repeatable
+}
+
+/// Whether `scan` reads a database queried in place (each read is a statement of its own,
+/// with no snapshot shared between two reads).
+fn reads_a_live_source(scan: &TableScan) -> bool {
+    use basin_connectors::{mongodb, remote};
+    let Ok(provider) = datafusion::datasource::source_as_provider(&scan.source) else {
+        return false;
+    };
+    let any = provider.as_any();
+    any.is::<remote::RemoteQueryTable>()
+        || any.is::<remote::RemoteTable>()
+        || any.is::<mongodb::MongoQueryTable>()
+        || any.is::<mongodb::MongoTable>()
 }
 
 /// A chain of projections, filters and aliases over one table scan: its table's name and

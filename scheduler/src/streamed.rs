@@ -648,6 +648,11 @@ impl Failed {
 
     fn status(status: tonic::Status) -> Self {
         use std::error::Error;
+        // A source's error the executor sent: its kind goes on to the client, and another
+        // executor would meet the same source.
+        if let Some(error) = basin_connectors::remote::status_source_error(&status) {
+            return Self { error, lost: false };
+        }
         let lost = status.source().is_some() || status.code() == tonic::Code::Unavailable;
         Self {
             error: DataFusionError::Execution(status.message().into()),
@@ -1241,6 +1246,21 @@ mod tests {
         let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
         assert!(Failed::status(tonic::Status::from_error(Box::new(reset))).lost);
         assert!(Failed::status(tonic::Status::unavailable("connection refused")).lost);
+        // A source the executor could not reach: not a lost executor, and still a source's
+        // error of that kind for the client.
+        let source = basin_connectors::remote::source_status(&DataFusionError::External(Box::new(
+            basin_connectors::remote::SourceError {
+                kind: basin_connectors::remote::SourceErrorKind::Unavailable,
+                message: "postgres source `pg`: cannot connect".into(),
+            },
+        )))
+        .unwrap();
+        let failed = Failed::status(source);
+        assert!(!failed.lost);
+        assert_eq!(
+            crate::flight_sql::to_status(failed.error).code(),
+            tonic::Code::Unavailable
+        );
     }
 
     #[tokio::test]

@@ -1298,6 +1298,44 @@ fn sqlserver_tls_modes() {
     assert!(!err.contains("Basin-Passw0rd"), "{err}");
 }
 
+/// Unquoted names are folded to lower case by SQL: each source's own spelling is found when
+/// exactly one name matches ignoring case (Oracle's upper-case catalogs, SQL Server's and
+/// MongoDB's mixed-case names), and two that differ only in case must be quoted.
+#[test]
+fn unquoted_names_find_each_sources_spelling() {
+    let Some(f) = Fixture::new("folding") else {
+        return;
+    };
+    let n = &f.name;
+    f.pg(
+        "CREATE TABLE \"Orders\" (id int); INSERT INTO \"Orders\" VALUES (1), (2); \
+         CREATE TABLE \"Dup\" (id int); CREATE TABLE \"DUP\" (id int)",
+    );
+    f.ms("CREATE TABLE {s}.LineItems (id int PRIMARY KEY); INSERT INTO {s}.LineItems VALUES (7)");
+    f.mg(|db| async move {
+        db.collection::<bson::Document>("orderItems")
+            .insert_one(bson::doc! { "_id": 1, "qty": 3 })
+            .await
+            .unwrap()
+    });
+    assert_eq!(
+        f.ok(&format!(
+            "SELECT * FROM (SELECT count(*) AS c FROM pg.{n}.orders UNION ALL \
+             SELECT sum(id) FROM ms.{n}.lineitems UNION ALL \
+             SELECT sum(qty) FROM mg.{n}.orderitems) ORDER BY c"
+        )),
+        "c\n2\n3\n7\n"
+    );
+    // The quoted spelling still names exactly one table; an ambiguous one names none.
+    assert_eq!(
+        f.ok(&format!("SELECT count(*) AS c FROM pg.{n}.\"DUP\"")),
+        "c\n0\n"
+    );
+    let out = f.run(&format!("SELECT count(*) FROM pg.{n}.dup"));
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("not found"), "{}", stderr(&out));
+}
+
 /// The places where a pushed query used to answer differently from Basin (issue 33): each
 /// query is answered by the source and by Basin over an Iceberg copy, and must agree.
 #[test]
@@ -1320,6 +1358,27 @@ fn pushed_queries_answer_as_basin_does() {
            v decimal(12,2) NOT NULL, a int NOT NULL); \
          INSERT INTO {s}.pad VALUES (1, 'abc', 1.00, 50000), (2, 'abc ', 2.00, 3), (3, 'ABC', 2.00, 7)",
     );
+    f.mg(|db| async move {
+        let dec = |s: &str| s.parse::<bson::Decimal128>().unwrap();
+        db.collection::<bson::Document>("pad")
+            .insert_many([
+                bson::doc! { "_id": 1, "id": 1, "name": "abc", "v": dec("1.00"), "a": 50000 },
+                bson::doc! { "_id": 2, "id": 2, "name": "abc ", "v": dec("2.00"), "a": 3 },
+                bson::doc! { "_id": 3, "id": 3, "name": "ABC", "v": dec("2.00"), "a": 7 },
+            ])
+            .await
+            .unwrap()
+    });
+    f.declare_mg(
+        "pad",
+        &[
+            "_id int",
+            "id int",
+            "name string",
+            "v decimal(12,2)",
+            "a int",
+        ],
+    );
     f.ok(&format!(
         "CREATE SCHEMA lake.{n}; CREATE TABLE lake.{n}.pad AS SELECT * FROM pg.{n}.pad"
     ));
@@ -1334,11 +1393,29 @@ fn pushed_queries_answer_as_basin_does() {
         "SELECT id FROM {t}.pad WHERE name <> 'abc' ORDER BY id",
     ] {
         let want = f.ok(&sql.replace("{t}", &format!("lake.{n}")));
-        for catalog in ["pg", "my", "ms"] {
+        for catalog in ["pg", "my", "ms", "mg"] {
             let got = f.ok(&sql.replace("{t}", &format!("{catalog}.{n}")));
             assert_eq!(got, want, "{catalog}: {sql}");
         }
     }
+    // NOT IN over a remote subquery reads the source once: two reads are two statements
+    // that could see different rows (no snapshot is shared between them).
+    let (got, sent) = f.traced(
+        &f.s.pg_log,
+        &format!(
+            "SELECT id FROM pg.{n}.pad WHERE a NOT IN (SELECT a FROM pg.{n}.pad WHERE id > 1) \
+             ORDER BY id"
+        ),
+    );
+    assert_eq!(got, "id\n1\n");
+    let reads = statements_only(&sent)
+        .lines()
+        .filter(|l| l.contains("COPY ("))
+        .count();
+    assert_eq!(
+        reads, 2,
+        "the subquery and the outer scan, once each:\n{sent}"
+    );
     // A product that overflows a 4-byte integer at the source is computed by Basin.
     let sql = "SELECT CAST(a AS BIGINT) * a AS p FROM {t}.pad ORDER BY id";
     let want = f.ok(&sql.replace("{t}", &format!("lake.{n}")));

@@ -8,6 +8,7 @@ mod memory;
 mod mongodb;
 mod names;
 mod oracle;
+mod postgres_tls;
 mod routes;
 mod s3;
 mod shell;

@@ -20,8 +20,12 @@ use mongodb::bson::RawDocumentBuf;
 use super::MongoSource;
 use super::exec::{MongoQuery, plan_scan};
 use super::schema::{self, MongoColumn};
+use crate::remote::catalog::resolve_name;
 
 type Cached<T> = Mutex<Option<(Instant, T)>>;
+
+/// Most bytes of sampled documents held to find a collection's columns.
+const SAMPLE_BYTES: usize = 64 << 20;
 
 /// Databases MongoDB keeps for itself.
 const SYSTEM_DATABASES: &[&str] = &["admin", "config", "local"];
@@ -82,22 +86,24 @@ impl CatalogProvider for MongoCatalogProvider {
     }
 
     fn schema(&self, name: &str) -> Option<Arc<dyn SchemaProvider>> {
-        let provider = |failed: Option<String>| {
+        let provider = |database: String, failed: Option<String>| {
             Some(Arc::new(MongoSchemaProvider {
                 source: self.source.clone(),
-                database: name.to_string(),
+                database,
                 collections: Mutex::new(None),
                 tables: Mutex::new(HashMap::new()),
                 failed,
             }) as Arc<dyn SchemaProvider>)
         };
         match self.database_list() {
-            Ok(names) if names.iter().any(|n| n == name) => provider(None),
-            Ok(_) => None,
-            Err(e) => provider(Some(match e {
-                DataFusionError::External(e) => e.to_string(),
-                other => other.to_string(),
-            })),
+            Ok(names) => provider(resolve_name(&names, name)?, None),
+            Err(e) => provider(
+                name.to_string(),
+                Some(match e {
+                    DataFusionError::External(e) => e.to_string(),
+                    other => other.to_string(),
+                }),
+            ),
         }
     }
 }
@@ -164,11 +170,11 @@ impl SchemaProvider for MongoSchemaProvider {
         {
             return Ok(Some(t.clone()));
         }
-        if !self.collection_list()?.iter().any(|n| n == name) {
+        let Some(real) = resolve_name(&self.collection_list()?, name) else {
             return Ok(None);
-        }
+        };
         let source = self.source.clone();
-        let (database, collection) = (self.database.clone(), name.to_string());
+        let (database, collection) = (self.database.clone(), real.clone());
         let columns = self
             .source
             .call(async move { describe(&source, &database, &collection).await })
@@ -176,7 +182,7 @@ impl SchemaProvider for MongoSchemaProvider {
         let table = Arc::new(MongoTable::new(
             self.source.clone(),
             &self.database,
-            name,
+            &real,
             columns,
         ));
         if let Ok(mut tables) = self.tables.lock() {
@@ -187,7 +193,7 @@ impl SchemaProvider for MongoSchemaProvider {
 
     fn table_exist(&self, name: &str) -> bool {
         self.collection_list()
-            .map(|names| names.iter().any(|n| n == name))
+            .map(|names| resolve_name(&names, name).is_some())
             .unwrap_or(false)
     }
 }
@@ -203,17 +209,25 @@ async fn describe(
     }
     let client = source.client().await?;
     let what = format!("sampling {database}.{collection}");
-    let cursor = client
+    let mut cursor = client
         .database(database)
         .collection::<Document>(collection)
         .aggregate([doc! { "$sample": { "size": source.sample_size() as i64 } }])
         .with_type::<RawDocumentBuf>()
         .await
         .map_err(|e| source.error(&what, e))?;
-    let docs: Vec<RawDocumentBuf> = cursor
-        .try_collect()
-        .await
-        .map_err(|e| source.error(&what, e))?;
+    // At most SAMPLE_BYTES of documents are held (one document may be 16 MiB).
+    let mut docs: Vec<RawDocumentBuf> = vec![];
+    let mut bytes = 0usize;
+    while bytes < SAMPLE_BYTES
+        && let Some(doc) = cursor
+            .try_next()
+            .await
+            .map_err(|e| source.error(&what, e))?
+    {
+        bytes += doc.as_bytes().len();
+        docs.push(doc);
+    }
     let (columns, mixed) = schema::infer(docs.iter().map(|d| d.as_ref()));
     if !mixed.is_empty() {
         tracing::warn!(
@@ -343,7 +357,7 @@ impl TableProvider for MongoTable {
 
     async fn scan(
         &self,
-        state: &dyn Session,
+        _state: &dyn Session,
         projection: Option<&Vec<usize>>,
         _filters: &[Expr],
         limit: Option<usize>,
@@ -357,6 +371,6 @@ impl TableProvider for MongoTable {
             .unwrap_or_default();
         let query = self.scan_query(&indexes, stages, limit.is_none());
         let schema = Arc::new(self.arrow.project(&indexes)?);
-        plan_scan(query, schema, state.config().target_partitions()).await
+        plan_scan(query, schema).await
     }
 }

@@ -158,7 +158,10 @@ impl Builder {
             },
             Builder::Utf8(b, repr) => match (value, *repr) {
                 (RawBsonRef::String(s), _) => b.append_value(s),
-                (RawBsonRef::ObjectId(o), Repr::ObjectId) => b.append_value(o.to_hex()),
+                // ObjectIds read as their hex text wherever they are.
+                (RawBsonRef::ObjectId(o), Repr::ObjectId | Repr::Json) => {
+                    b.append_value(o.to_hex())
+                }
                 (RawBsonRef::Symbol(s), Repr::Plain) => b.append_value(s),
                 (v, Repr::Json) => b.append_value(json_text(v)),
                 _ => return Err(misfit()),

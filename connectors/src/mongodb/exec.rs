@@ -159,7 +159,7 @@ impl TableProvider for MongoQueryTable {
 
     async fn scan(
         &self,
-        state: &dyn Session,
+        _state: &dyn Session,
         projection: Option<&Vec<usize>>,
         _filters: &[Expr],
         _limit: Option<usize>,
@@ -174,7 +174,7 @@ impl TableProvider for MongoQueryTable {
                 query.empty_row = Some(p.iter().map(|&i| zero[i]).collect());
             }
         }
-        plan_scan(query, schema, state.config().target_partitions()).await
+        plan_scan(query, schema).await
     }
 }
 
@@ -404,22 +404,17 @@ async fn read(
     Ok(())
 }
 
-/// Splits of one scan per task slot when the source sets no `max_splits` (as for SQL
-/// sources).
-const SPLITS_PER_SLOT: usize = 2;
+/// Splits of one scan when the source sets no `max_splits`: one cursor. A `_id` range reads
+/// through the `_id` index, which costs the server more per document than its collection
+/// scan: TPC-H SF1 lineitem from DocumentDB on this 2-core machine took 154.6 s in 8 ranges
+/// and 60.5 s through one cursor (the server alone: 45–54 s; benchmarks/README.md). Ranges
+/// pay where the server has cores to spare: set `max_splits`.
+const DEFAULT_MAX_SPLITS: usize = 1;
 
 /// Plans the splits of `query` and returns the scan.
-pub async fn plan_scan(
-    query: MongoQuery,
-    schema: SchemaRef,
-    slots: usize,
-) -> Result<Arc<dyn ExecutionPlan>> {
+pub async fn plan_scan(query: MongoQuery, schema: SchemaRef) -> Result<Arc<dyn ExecutionPlan>> {
     let src = source(&query.source)?;
-    let max_splits = src
-        .config
-        .max_splits
-        .unwrap_or(SPLITS_PER_SLOT * slots.max(1))
-        .max(1);
+    let max_splits = src.config.max_splits.unwrap_or(DEFAULT_MAX_SPLITS).max(1);
     let (splits, note) = if query.splittable && max_splits > 1 {
         let (task_src, db, coll) = (
             src.clone(),
@@ -442,9 +437,9 @@ pub async fn plan_scan(
 }
 
 /// `_id` ranges of about `split_size_bytes` each (at most `max_splits`), when the smallest
-/// and largest `_id` are both integers or both ObjectIds. The first range is open below and
-/// the last above, and the first is written `$not: {$gte: …}` so that documents whose `_id`
-/// is of another type are read too (each exactly once).
+/// and largest `_id` are both numbers or both ObjectIds — then every `_id` is (BSON orders
+/// values by type first), and the ranges, the first open below and the last above, read
+/// each document exactly once, each through the `_id` index.
 async fn id_ranges(
     src: &Arc<MongoSource>,
     database: &str,
@@ -523,7 +518,7 @@ async fn id_ranges(
     let mut splits = vec![];
     for i in 0..=bounds.len() {
         let range = match (i.checked_sub(1).map(|j| &bounds[j]), bounds.get(i)) {
-            (None, Some(upper)) => doc! { "_id": { "$not": { "$gte": upper.clone() } } },
+            (None, Some(upper)) => doc! { "_id": { "$lt": upper.clone() } },
             (Some(lower), Some(upper)) => {
                 doc! { "_id": { "$gte": lower.clone(), "$lt": upper.clone() } }
             }

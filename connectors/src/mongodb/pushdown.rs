@@ -642,11 +642,13 @@ fn aggregate(a: &datafusion::logical_expr::Aggregate) -> Option<Pipe> {
                             | DataType::Decimal128(_, _)
                     ) =>
             {
-                // The server's sum of no values is 0; SQL's is NULL.
+                // The server's sum of no values is 0, SQL's is NULL: the smallest value (the
+                // server's `$min` skips nulls, as SQL's does) is NULL exactly then, and costs
+                // the server less than counting the values.
                 group.insert(key.clone(), doc! { "$sum": p.clone() });
-                group.insert(format!("n{j}"), doc! { "$sum": not_null(p) });
+                group.insert(format!("m{j}"), doc! { "$min": p.clone() });
                 Bson::Document(
-                    doc! { "$cond": [{ "$eq": [format!("$n{j}"), 0] }, Bson::Null, format!("${key}")] },
+                    doc! { "$cond": [{ "$eq": [format!("$m{j}"), Bson::Null] }, Bson::Null, format!("${key}")] },
                 )
             }
             ("avg", Some(c), Some(p))

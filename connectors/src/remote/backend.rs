@@ -237,6 +237,55 @@ pub struct SourceError {
     pub message: String,
 }
 
+/// The gRPC metadata key that marks a status as a source's error (its kind as the value),
+/// so that the kind survives the trip from an executor to the scheduler.
+pub const SOURCE_ERROR_KEY: &str = "basin-source-error";
+
+impl SourceErrorKind {
+    fn name(self) -> &'static str {
+        match self {
+            SourceErrorKind::Unavailable => "unavailable",
+            SourceErrorKind::Timeout => "timeout",
+            SourceErrorKind::Failed => "failed",
+        }
+    }
+
+    fn of(name: &str) -> Option<Self> {
+        [Self::Unavailable, Self::Timeout, Self::Failed]
+            .into_iter()
+            .find(|k| k.name() == name)
+    }
+}
+
+/// The gRPC status a client is told for `error` if it is a source's (by kind: UNAVAILABLE,
+/// DEADLINE_EXCEEDED, INVALID_ARGUMENT), marked with [`SOURCE_ERROR_KEY`].
+pub fn source_status(error: &DataFusionError) -> Option<tonic::Status> {
+    let DataFusionError::External(e) = error.find_root() else {
+        return None;
+    };
+    let e = e.downcast_ref::<SourceError>()?;
+    let code = match e.kind {
+        SourceErrorKind::Unavailable => tonic::Code::Unavailable,
+        SourceErrorKind::Timeout => tonic::Code::DeadlineExceeded,
+        SourceErrorKind::Failed => tonic::Code::InvalidArgument,
+    };
+    let mut status = tonic::Status::new(code, e.message.clone());
+    status.metadata_mut().insert(
+        SOURCE_ERROR_KEY,
+        tonic::metadata::MetadataValue::from_static(e.kind.name()),
+    );
+    Some(status)
+}
+
+/// The source's error a status carries (see [`source_status`]), if it is one.
+pub fn status_source_error(status: &tonic::Status) -> Option<DataFusionError> {
+    let kind = status.metadata().get(SOURCE_ERROR_KEY)?.to_str().ok()?;
+    Some(DataFusionError::External(Box::new(SourceError {
+        kind: SourceErrorKind::of(kind)?,
+        message: status.message().to_string(),
+    })))
+}
+
 /// Connections kept for the next statement of a source whose driver has no pool of its own
 /// (SQL Server, Oracle): the newest first, none older than [`IDLE`].
 pub struct IdleConnections<C>(Mutex<Vec<(C, Instant)>>);
@@ -317,6 +366,30 @@ pub fn ranges(lo: i128, hi: i128, n: usize, column: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_source_errors_kind_survives_a_status() {
+        for kind in [
+            SourceErrorKind::Unavailable,
+            SourceErrorKind::Timeout,
+            SourceErrorKind::Failed,
+        ] {
+            let error = DataFusionError::External(Box::new(SourceError {
+                kind,
+                message: "mongodb source `m`: cannot connect".into(),
+            }));
+            let status = source_status(&error).unwrap();
+            let back = status_source_error(&status).unwrap();
+            let DataFusionError::External(e) = back else {
+                panic!("not external")
+            };
+            let e = e.downcast_ref::<SourceError>().unwrap();
+            assert_eq!(e.kind, kind);
+            assert_eq!(e.message, "mongodb source `m`: cannot connect");
+        }
+        assert!(source_status(&DataFusionError::Execution("x".into())).is_none());
+        assert!(status_source_error(&tonic::Status::unavailable("x")).is_none());
+    }
 
     #[test]
     fn ranges_cover_everything() {

@@ -67,26 +67,28 @@ impl CatalogProvider for RemoteCatalogProvider {
     }
 
     fn schema(&self, name: &str) -> Option<Arc<dyn SchemaProvider>> {
-        let provider = |failed: Option<String>| {
+        let provider = |schema: String, failed: Option<String>| {
             Some(Arc::new(RemoteSchemaProvider {
                 source: self.source.clone(),
-                schema: name.to_string(),
+                schema,
                 tables: Mutex::new(None),
                 columns: Mutex::new(HashMap::new()),
                 failed,
             }) as Arc<dyn SchemaProvider>)
         };
         match self.schema_list() {
-            Ok(names) if names.iter().any(|n| n == name) => provider(None),
-            Ok(_) => None,
+            Ok(names) => provider(resolve_name(&names, name)?, None),
             Err(e) => {
                 // This call cannot fail: the table lookup that follows says what went wrong
                 // (a refused login, say) instead of "table not found".
                 tracing::warn!(source = %self.source.name, "cannot list schemas: {e}");
-                provider(Some(match e {
-                    DataFusionError::External(e) => e.to_string(),
-                    other => other.to_string(),
-                }))
+                provider(
+                    name.to_string(),
+                    Some(match e {
+                        DataFusionError::External(e) => e.to_string(),
+                        other => other.to_string(),
+                    }),
+                )
             }
         }
     }
@@ -150,15 +152,27 @@ impl SchemaProvider for RemoteSchemaProvider {
         let (schema, table) = (self.schema.clone(), name.to_string());
         let found = self
             .source
-            .call(async move { describe_table(&source, &schema, &table).await })
+            .call(async move {
+                if let Some(found) = describe_table(&source, &schema, &table).await? {
+                    return Ok(Some((table, found)));
+                }
+                // Not under this spelling: the source's own, if one matches ignoring case.
+                let names = list_tables(&source, &schema).await?;
+                match resolve_name(&names, &table) {
+                    Some(real) if real != table => Ok(describe_table(&source, &schema, &real)
+                        .await?
+                        .map(|found| (real, found))),
+                    _ => Ok(None),
+                }
+            })
             .await?;
-        let Some((columns, key)) = found else {
+        let Some((real, (columns, key))) = found else {
             return Ok(None);
         };
         let table = Arc::new(RemoteTable::new(
             self.source.clone(),
             &self.schema,
-            name,
+            &real,
             columns,
             key,
         ));
@@ -170,8 +184,25 @@ impl SchemaProvider for RemoteSchemaProvider {
 
     fn table_exist(&self, name: &str) -> bool {
         self.table_list()
-            .map(|t| t.iter().any(|n| n == name))
+            .map(|t| resolve_name(&t, name).is_some())
             .unwrap_or(false)
+    }
+}
+
+/// The source's own spelling of `name`: `name` itself if the source has it, else the one
+/// name equal to it ignoring case — unquoted SQL names are folded to lower case, so
+/// `ora.hr.employees` finds Oracle's `HR.EMPLOYEES` and `ms.dbo.orders` SQL Server's
+/// `dbo.Orders`. Two such names (`Orders` and `ORDERS`) are ambiguous: neither is found, and
+/// the query must quote the one it means.
+pub fn resolve_name(names: &[String], name: &str) -> Option<String> {
+    if names.iter().any(|n| n == name) {
+        return Some(name.to_string());
+    }
+    let folded = name.to_lowercase();
+    let mut matching = names.iter().filter(|n| n.to_lowercase() == folded);
+    match (matching.next(), matching.next()) {
+        (Some(only), None) => Some(only.clone()),
+        _ => None,
     }
 }
 
@@ -354,4 +385,27 @@ async fn list_tables(source: &RemoteSource, schema: &str) -> Result<Vec<String>>
 
 async fn describe_table(source: &RemoteSource, schema: &str, table: &str) -> Result<Described> {
     source.backend().describe_table(source, schema, table).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resolve_name;
+
+    #[test]
+    fn unquoted_names_find_the_sources_own_spelling() {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let oracle = names(&["EMPLOYEES", "JOBS"]);
+        assert_eq!(
+            resolve_name(&oracle, "employees").as_deref(),
+            Some("EMPLOYEES")
+        );
+        assert_eq!(
+            resolve_name(&oracle, "EMPLOYEES").as_deref(),
+            Some("EMPLOYEES")
+        );
+        let both = names(&["Orders", "ORDERS", "orders2"]);
+        assert_eq!(resolve_name(&both, "orders"), None, "ambiguous");
+        assert_eq!(resolve_name(&both, "Orders").as_deref(), Some("Orders"));
+        assert_eq!(resolve_name(&both, "nothing"), None);
+    }
 }

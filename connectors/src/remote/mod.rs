@@ -49,7 +49,7 @@ pub mod sql;
 pub mod sqlserver;
 pub mod types;
 
-pub use backend::{Dialect, SourceError, SourceErrorKind};
+pub use backend::{Dialect, SourceError, SourceErrorKind, source_status, status_source_error};
 pub use catalog::{RemoteCatalogProvider, RemoteTable};
 pub use exec::{RemoteQuery, RemoteQueryTable, RemoteScanExec, RemoteScanSpec};
 pub use pushdown::RemotePushdown;
