@@ -32,7 +32,7 @@ enum Builder {
     Binary(BinaryBuilder),
     Struct {
         fields: Fields,
-        index: HashMap<String, usize>,
+        lookup: Lookup,
         children: Vec<Builder>,
         valid: Vec<bool>,
         filled: Vec<bool>,
@@ -69,11 +69,13 @@ impl Builder {
             DataType::Binary => Builder::Binary(BinaryBuilder::new()),
             DataType::Struct(fields) => Builder::Struct {
                 fields: fields.clone(),
-                index: fields
-                    .iter()
-                    .enumerate()
-                    .map(|(i, f)| (f.name().clone(), i))
-                    .collect(),
+                lookup: Lookup::new(
+                    fields
+                        .iter()
+                        .enumerate()
+                        .map(|(i, f)| (f.name().clone(), i))
+                        .collect(),
+                ),
                 children: fields
                     .iter()
                     .map(|f| Builder::new(f.data_type(), Repr::Json))
@@ -198,7 +200,7 @@ impl Builder {
                 _ => return Err(misfit()),
             },
             Builder::Struct {
-                index,
+                lookup,
                 children,
                 valid,
                 filled,
@@ -207,7 +209,7 @@ impl Builder {
                 let RawBsonRef::Document(doc) = value else {
                     return Err(misfit());
                 };
-                fill(doc, index, children, filled)?;
+                fill(doc, lookup, children, filled)?;
                 valid.push(true);
             }
             Builder::List {
@@ -277,18 +279,51 @@ impl Builder {
     }
 }
 
+/// Which column each field name feeds. Documents of one collection mostly list their fields
+/// in one order: the names met at each position last time are compared first, and hashed
+/// only when they differ.
+struct Lookup {
+    index: HashMap<String, usize>,
+    seen: Vec<(String, Option<usize>)>,
+}
+
+impl Lookup {
+    fn new(index: HashMap<String, usize>) -> Self {
+        Self {
+            index,
+            seen: vec![],
+        }
+    }
+
+    /// The column of field `key`, the `position`-th of its document.
+    fn find(&mut self, position: usize, key: &str) -> Option<usize> {
+        if let Some((name, column)) = self.seen.get(position)
+            && name == key
+        {
+            return *column;
+        }
+        let column = self.index.get(key).copied();
+        if position < self.seen.len() {
+            self.seen[position] = (key.to_string(), column);
+        } else if position == self.seen.len() && position < 4 * self.index.len().max(16) {
+            self.seen.push((key.to_string(), column));
+        }
+        column
+    }
+}
+
 /// Puts the fields of `doc` into `children` by name; fields not among them are skipped,
 /// columns the document lacks are NULL.
 fn fill(
     doc: &RawDocument,
-    index: &HashMap<String, usize>,
+    lookup: &mut Lookup,
     children: &mut [Builder],
     filled: &mut [bool],
 ) -> std::result::Result<(), Misfit> {
     filled.fill(false);
-    for element in doc.iter() {
+    for (position, element) in doc.iter().enumerate() {
         let (key, value) = element.map_err(|e| Misfit(format!("a malformed document ({e})")))?;
-        if let Some(&i) = index.get(key.as_str())
+        if let Some(i) = lookup.find(position, key.as_str())
             && !filled[i]
         {
             children[i]
@@ -309,8 +344,11 @@ fn fill(
 /// (column `i` reads the top-level field `fields[i]`).
 pub struct Documents {
     schema: SchemaRef,
-    index: HashMap<String, usize>,
+    lookup: Lookup,
+    /// One builder per distinct field.
     columns: Vec<Builder>,
+    /// The builder of each output column (a field read twice is built once).
+    outputs: Vec<usize>,
     filled: Vec<bool>,
     rows: usize,
 }
@@ -321,20 +359,25 @@ impl Documents {
         fields: &[String],
         reprs: &[Repr],
     ) -> std::result::Result<Self, String> {
-        let columns = schema
-            .fields()
-            .iter()
-            .enumerate()
-            .map(|(i, f)| Builder::new(f.data_type(), reprs.get(i).copied().unwrap_or(Repr::Plain)))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let mut index: HashMap<String, usize> = HashMap::new();
+        let mut columns = vec![];
+        let mut outputs = vec![];
+        for (i, f) in schema.fields().iter().enumerate() {
+            let name = fields.get(i).cloned().unwrap_or_else(|| f.name().clone());
+            if let Some(&j) = index.get(&name) {
+                outputs.push(j);
+                continue;
+            }
+            let repr = reprs.get(i).copied().unwrap_or(Repr::Plain);
+            index.insert(name, columns.len());
+            outputs.push(columns.len());
+            columns.push(Builder::new(f.data_type(), repr)?);
+        }
         Ok(Self {
-            index: fields
-                .iter()
-                .enumerate()
-                .map(|(i, f)| (f.clone(), i))
-                .collect(),
+            lookup: Lookup::new(index),
             filled: vec![false; columns.len()],
             columns,
+            outputs,
             schema,
             rows: 0,
         })
@@ -344,19 +387,21 @@ impl Documents {
         self.rows
     }
 
-    /// Adds one document; on a misfit, says which field held what.
+    /// Adds one document; on a misfit, says which field held what. After an error the
+    /// builder is not to be used again (the query fails).
     pub fn push(&mut self, doc: &RawDocument) -> std::result::Result<(), String> {
-        fill(doc, &self.index, &mut self.columns, &mut self.filled).map_err(|m| m.0)?;
+        fill(doc, &mut self.lookup, &mut self.columns, &mut self.filled).map_err(|m| m.0)?;
         self.rows += 1;
         Ok(())
     }
 
-    /// Adds a row of NULLs, with 0 in the columns marked `zero` (the answer of a global
-    /// aggregate over no documents).
+    /// Adds a row of NULLs, with 0 in the output columns marked `zero` (the answer of a
+    /// global aggregate over no documents).
     pub fn push_empty_aggregate(&mut self, zero: &[bool]) {
-        for (c, z) in self.columns.iter_mut().zip(zero) {
+        for (j, c) in self.columns.iter_mut().enumerate() {
+            let z = self.outputs.iter().zip(zero).any(|(&o, &z)| o == j && z);
             match c {
-                Builder::Int64(b) if *z => b.append_value(0),
+                Builder::Int64(b) if z => b.append_value(0),
                 other => other.append_null(),
             }
         }
@@ -374,7 +419,7 @@ impl Documents {
         self.rows = 0;
         Ok(RecordBatch::try_new_with_options(
             self.schema.clone(),
-            arrays,
+            self.outputs.iter().map(|&j| arrays[j].clone()).collect(),
             &options,
         )?)
     }
@@ -480,6 +525,30 @@ mod tests {
         assert_eq!(rescale("NaN", 2), None);
         assert_eq!(rescale("0E-6176", 2), Some(0));
         assert_eq!(decimal_parts("12.340"), Some((12340, 3)));
+    }
+
+    #[test]
+    fn a_field_read_twice_fills_both_columns() {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("c0", DataType::Int64, true),
+            Field::new("c1", DataType::Int64, true),
+        ]));
+        let mut docs = Documents::new(
+            schema,
+            &["a".into(), "a".into()],
+            &[Repr::Plain, Repr::Plain],
+        )
+        .unwrap();
+        docs.push(&bson::rawdoc! { "b": 1, "a": 5 }).unwrap();
+        docs.push(&bson::rawdoc! { "a": 6, "b": 1 }).unwrap();
+        let batch = docs.finish().unwrap();
+        let text = datafusion::arrow::util::pretty::pretty_format_batches(&[batch])
+            .unwrap()
+            .to_string();
+        assert!(
+            text.contains("| 5  | 5  |") && text.contains("| 6  | 6  |"),
+            "{text}"
+        );
     }
 
     #[test]
