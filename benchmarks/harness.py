@@ -565,3 +565,19 @@ def report(stem: pathlib.Path, title: str, engines, results, meta, notes=()):
     except ImportError:
         print("matplotlib missing: no chart (pip install matplotlib)")
     print("\n".join(lines))
+
+
+def services(*args) -> str:
+    """Runs `.ci/services.sh ARGS` (start, env, stop) and returns what it printed."""
+    return subprocess.run(["bash", str(REPO / ".ci/services.sh"), *args], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def env_of(exports: str) -> dict[str, str]:
+    """The variables of `export K=V` lines (what `.ci/services.sh start` prints)."""
+    out = {}
+    for line in exports.splitlines():
+        if line.startswith("export ") and "=" in line:
+            k, v = line[len("export "):].split("=", 1)
+            out[k] = v.strip("'\"")
+    return out

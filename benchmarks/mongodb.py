@@ -33,7 +33,6 @@ import os
 import pathlib
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 
@@ -46,19 +45,7 @@ AGG = "SELECT sum(l_quantity) AS q, count(*) AS n FROM {t}"
 PIPELINE = [{"$group": {"_id": None, "q": {"$sum": "$l_quantity"}, "n": {"$sum": 1}}}]
 
 
-def services(*args) -> str:
-    r = subprocess.run(["bash", str(REPO / ".ci/services.sh"), *args], capture_output=True,
-                       text=True, check=True)
-    return r.stdout
-
-
-def env_of(exports: str) -> dict[str, str]:
-    out = {}
-    for line in exports.splitlines():
-        if line.startswith("export ") and "=" in line:
-            k, v = line[len("export "):].split("=", 1)
-            out[k] = v.strip("'\"")
-    return out
+services, env_of = harness.services, harness.env_of
 
 
 def load(coll, lineitem: pathlib.Path, rows: int) -> None:

@@ -54,19 +54,7 @@ COLUMNS = (
 AGG = "SELECT sum(l_quantity) AS q, count(*) AS n FROM {t}"
 
 
-def services(*args) -> str:
-    r = subprocess.run(["bash", str(REPO / ".ci/services.sh"), *args], capture_output=True,
-                       text=True, check=True)
-    return r.stdout
-
-
-def env_of(exports: str) -> dict[str, str]:
-    out = {}
-    for line in exports.splitlines():
-        if line.startswith("export ") and "=" in line:
-            k, v = line[len("export "):].split("=", 1)
-            out[k] = v.strip("'\"")
-    return out
+services, env_of = harness.services, harness.env_of
 
 
 def tds(url: str):

@@ -301,7 +301,7 @@ impl MongoTable {
             source: self.source.name.clone(),
             database: self.database.clone(),
             collection: self.collection.clone(),
-            pipeline: super::exec::pipeline_json(&stages),
+            pipeline: super::exec::encode_pipeline(&stages),
             reprs: columns.iter().map(|&i| self.columns[i].repr).collect(),
             fields,
             splittable,

@@ -16,18 +16,16 @@ use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{Expr, TableProviderFilterPushDown};
 use datafusion::physical_expr::EquivalenceProperties;
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, ExecutionPlan, Partitioning, PlanProperties,
 };
-use futures::StreamExt;
 use mongodb::bson::RawDocumentBuf;
 use serde::{Deserialize, Serialize};
 
 use super::decode::Documents;
 use super::schema::Repr;
 use super::{MongoSource, source};
-use crate::remote::exec::schema_to_ipc;
+use crate::remote::exec::{receiver_stream, schema_to_ipc};
 
 /// An aggregation pipeline on one collection, producing the plan's columns.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -36,7 +34,7 @@ pub struct MongoQuery {
     pub source: String,
     pub database: String,
     pub collection: String,
-    /// The stages ([`pipeline_json`]).
+    /// The stages ([`encode_pipeline`]).
     pub pipeline: String,
     /// The top-level field each output column reads.
     pub fields: Vec<String>,
@@ -50,7 +48,7 @@ pub struct MongoQuery {
 
 /// Stages as they travel in plans: the BSON bytes of `{p: [stages]}`, base64-encoded (a
 /// pipeline's key order matters, and JSON maps do not keep it).
-pub fn pipeline_json(stages: &[Document]) -> String {
+pub fn encode_pipeline(stages: &[Document]) -> String {
     use base64::Engine;
     let bytes = doc! { "p": stages.to_vec() }.to_vec().unwrap_or_default();
     base64::engine::general_purpose::STANDARD.encode(bytes)
@@ -95,7 +93,7 @@ pub fn ordered_json(value: &Bson, out: &mut String) {
     }
 }
 
-pub fn parse_pipeline(encoded: &str) -> Result<Vec<Document>> {
+pub fn decode_pipeline(encoded: &str) -> Result<Vec<Document>> {
     use base64::Engine;
     let bad = |e: &dyn fmt::Display| {
         DataFusionError::Internal(format!("a MongoDB pipeline does not decode: {e}"))
@@ -183,7 +181,7 @@ impl TableProvider for MongoQueryTable {
 pub struct MongoScanSpec {
     pub query: MongoQuery,
     /// Per split (one per output partition): the `$match` on `_id` it adds in front
-    /// ([`pipeline_json`]); `None` reads everything.
+    /// ([`encode_pipeline`]); `None` reads everything.
     pub splits: Vec<Option<String>>,
     /// How the splits were made, for EXPLAIN.
     pub split_note: Option<String>,
@@ -234,9 +232,9 @@ impl MongoScanExec {
 fn split_pipeline(spec: &MongoScanSpec, i: usize) -> Result<Vec<Document>> {
     let mut stages = vec![];
     if let Some(Some(range)) = spec.splits.get(i) {
-        stages.extend(parse_pipeline(range)?);
+        stages.extend(decode_pipeline(range)?);
     }
-    stages.extend(parse_pipeline(&spec.query.pipeline)?);
+    stages.extend(decode_pipeline(&spec.query.pipeline)?);
     Ok(stages)
 }
 
@@ -320,13 +318,7 @@ impl ExecutionPlan for MongoScanExec {
                 let _ = tx.send(Err(e)).await;
             }
         });
-        let stream = futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|item| (item, rx))
-        });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            self.schema.clone(),
-            stream.boxed(),
-        )))
+        Ok(receiver_stream(self.schema.clone(), rx))
     }
 }
 
@@ -525,7 +517,7 @@ async fn id_ranges(
             (Some(lower), None) => doc! { "_id": { "$gte": lower.clone() } },
             (None, None) => doc! {},
         };
-        splits.push(Some(pipeline_json(&[doc! { "$match": range }])));
+        splits.push(Some(encode_pipeline(&[doc! { "$match": range }])));
     }
     Ok(Some((splits, Some("by _id ranges".to_string()))))
 }

@@ -36,7 +36,7 @@ use datafusion::logical_expr::{
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
 
 use super::catalog::{MongoTable, projection};
-use super::exec::{MongoQuery, MongoQueryTable, pipeline_json};
+use super::exec::{MongoQuery, MongoQueryTable, encode_pipeline};
 use super::safe_field;
 use super::schema::Repr;
 
@@ -713,7 +713,7 @@ fn replacement(plan: &LogicalPlan, mut pipe: Pipe) -> Result<LogicalPlan> {
         source: pipe.table.source.name.clone(),
         database: pipe.table.database.clone(),
         collection: pipe.table.collection.clone(),
-        pipeline: pipeline_json(&pipe.stages),
+        pipeline: encode_pipeline(&pipe.stages),
         fields,
         reprs: pipe.cols.iter().map(|c| c.repr).collect(),
         splittable: !pipe.shaped,

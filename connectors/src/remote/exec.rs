@@ -289,14 +289,20 @@ impl ExecutionPlan for RemoteScanExec {
                 let _ = tx.send(Err(e)).await;
             }
         });
-        let stream = futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|item| (item, rx))
-        });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            self.schema.clone(),
-            stream.boxed(),
-        )))
+        Ok(receiver_stream(self.schema.clone(), rx))
     }
+}
+
+/// The batches a reader task sends through `rx`, as a plan's stream (the channel closes when
+/// the stream is dropped, which stops the reader).
+pub(crate) fn receiver_stream(
+    schema: SchemaRef,
+    rx: tokio::sync::mpsc::Receiver<Result<RecordBatch>>,
+) -> SendableRecordBatchStream {
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    Box::pin(RecordBatchStreamAdapter::new(schema, stream.boxed()))
 }
 
 /// Splits of one scan per task slot of the cluster when the source sets no `max_splits`: two
