@@ -55,6 +55,15 @@ impl StandaloneCluster {
                     .to_string(),
             ));
         }
+        // Scheduler and executors share this process: their ports are closed with a secret
+        // of its own when the configuration names none.
+        let config = if config.cluster.secret().is_none() {
+            let mut own = (*config).clone();
+            own.cluster.secret = Some(basin_core::cluster::random_secret());
+            Arc::new(own)
+        } else {
+            config
+        };
         let scheduler_options = SchedulerOptions {
             port: options.scheduler_port,
             ..SchedulerOptions::from_config(&config)

@@ -459,6 +459,7 @@ impl ExecutionPlan for ExchangeReadExec {
             ExchangeMode::Broadcast { readers } => broadcast_prefix(readers),
             _ => EXCHANGE_TICKET.to_vec(),
         };
+        let key = crate::cluster::key_of(&context);
         let streams = reads.into_iter().map(|(task, partition)| {
             let producer = &self.spec.producers[task];
             let ticket = TaskDefinition {
@@ -480,6 +481,7 @@ impl ExecutionPlan for ExchangeReadExec {
                 producer.clone(),
                 Ticket::new(crate::codec::encode_ticket(&prefix, &ticket)),
                 what,
+                key.clone(),
             )
         });
         let target = schema.clone();
@@ -528,6 +530,7 @@ fn read_producer(
     producer: Producer,
     ticket: Ticket,
     what: String,
+    key: Option<Arc<basin_core::cluster::ClusterKey>>,
 ) -> futures::stream::BoxStream<'static, Result<datafusion::arrow::array::RecordBatch>> {
     let address = format!("http://{producer}");
     let failed = {
@@ -547,6 +550,9 @@ fn read_producer(
                 .connect_timeout(Duration::from_secs(10))
                 .http2_keep_alive_interval(Duration::from_secs(10))
                 .keep_alive_timeout(Duration::from_secs(20));
+            let key = key.as_deref();
+            let endpoint = crate::cluster::with_user_agent(endpoint, key)
+                .map_err(|e| failed("bad cluster user agent", &e))?;
             let channel = endpoint
                 .connect()
                 .await
@@ -555,7 +561,7 @@ fn read_producer(
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES);
             let response = client
-                .do_get(ticket)
+                .do_get(crate::cluster::signed_ticket(ticket, key))
                 .await
                 .map_err(|s| failed("failed", &status_text(&s)))?;
             let messages = response

@@ -11,6 +11,7 @@
 //! ```
 
 pub mod catalogs;
+pub mod cluster;
 pub mod codec;
 pub mod exchange;
 pub mod files;

@@ -44,6 +44,9 @@ pub struct BasinConfig {
     /// What each executor may use.
     #[serde(default)]
     pub executor: ExecutorConfig,
+    /// How the processes of a cluster know each other.
+    #[serde(default)]
+    pub cluster: ClusterConfig,
     /// Catalogs by name.
     #[serde(default)]
     pub catalogs: BTreeMap<String, CatalogConfig>,
@@ -153,6 +156,66 @@ impl ExecutorConfig {
             }
         }
     }
+}
+
+/// `[cluster]`: how the scheduler and the executors know each other (docs/security.md).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// The secret every process of the cluster shares (default: the environment variable
+    /// `BASIN_CLUSTER_SECRET`): internal calls and plans are signed with it, and the
+    /// internal ports refuse calls without a valid signature. Without it the internal ports
+    /// are open, so they may only listen on loopback; a standalone process makes a random
+    /// secret of its own.
+    pub secret: Option<Secret>,
+    /// Listen on a non-loopback address without a secret (anyone who reaches the ports
+    /// can run plans on the executors). For networks where something else guards them.
+    pub allow_unauthenticated: bool,
+    /// Serve Ballista's REST API (`/api/...`: jobs, executors, cancel) on the scheduler's
+    /// port, behind the cluster secret when one is set.
+    pub rest_api: bool,
+}
+
+impl ClusterConfig {
+    /// The key of the configured secret, if any: `[cluster] secret`, else the environment
+    /// variable `BASIN_CLUSTER_SECRET` when it is set and not empty.
+    pub fn key(&self) -> Option<crate::cluster::ClusterKey> {
+        self.secret().as_ref().map(crate::cluster::ClusterKey::new)
+    }
+
+    /// `[cluster] secret`, else `BASIN_CLUSTER_SECRET` from the environment.
+    pub fn secret(&self) -> Option<Secret> {
+        self.secret.clone().or_else(|| {
+            std::env::var(crate::cluster::SECRET_VARIABLE)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .map(Secret::new)
+        })
+    }
+
+    /// Refuses to open internal ports on `bind_host` (not loopback) without a secret,
+    /// unless `allow_unauthenticated`.
+    pub fn check_exposure(&self, bind_host: &str, what: &str) -> Result<()> {
+        if self.secret().is_some() || self.allow_unauthenticated || is_loopback(bind_host) {
+            return Ok(());
+        }
+        Err(BasinError::Invalid(format!(
+            "the {what} would listen on {bind_host} with no [cluster] secret: anyone who \
+             reaches its ports could run plans with this cluster's files and credentials. Set \
+             [cluster] secret = \"${{env:BASIN_CLUSTER_SECRET}}\" (the same value on the \
+             scheduler and every executor), bind to 127.0.0.1, or set [cluster] \
+             allow_unauthenticated = true if something else guards the network"
+        )))
+    }
+}
+
+/// Whether `host` names only this machine.
+pub fn is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// A size in bytes: an integer, or a string of a number and a unit — `B`, `KB`/`MB`/`GB`/

@@ -9,6 +9,7 @@
 //! Secrets are read from the environment with `${env:VAR}` and held in [`Secret`], whose
 //! `Debug` and `Display` never show the value.
 
+pub mod cluster;
 pub mod config;
 pub mod error;
 pub mod memory;
@@ -16,9 +17,9 @@ pub mod net;
 pub mod secret;
 
 pub use config::{
-    BasinConfig, ByteSize, CatalogConfig, ExecutorConfig, FlightSqlConfig, IcebergCatalogConfig,
-    IcebergCatalogKind, MongoCollectionConfig, MongoSourceConfig, S3Config, ServerConfig,
-    SqlSourceConfig, StorageConfig, TlsMode,
+    BasinConfig, ByteSize, CatalogConfig, ClusterConfig, ExecutorConfig, FlightSqlConfig,
+    IcebergCatalogConfig, IcebergCatalogKind, MongoCollectionConfig, MongoSourceConfig, S3Config,
+    ServerConfig, SqlSourceConfig, StorageConfig, TlsMode,
 };
 pub use error::{BasinError, Result};
 pub use secret::Secret;

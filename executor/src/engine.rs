@@ -9,6 +9,8 @@ use ballista_core::serde::protobuf::ShuffleWritePartition;
 use ballista_executor::execution_engine::{
     DefaultExecutionEngine, ExecutionEngine, QueryStageExecutor,
 };
+use basin_connectors::cluster::{ClusterOptions, verify_task};
+use basin_core::cluster::ClusterKey;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::ExecutionPlan;
@@ -56,15 +58,36 @@ pub(crate) struct LoggingEngine {
     executor: String,
     log: Option<TaskLog>,
     inner: DefaultExecutionEngine,
+    /// The cluster's key: a task runs only with the scheduler's signature of it.
+    key: Option<ClusterKey>,
 }
 
 impl LoggingEngine {
-    pub(crate) fn new(executor: String, log: Option<TaskLog>) -> Self {
+    pub(crate) fn new(executor: String, log: Option<TaskLog>, key: Option<ClusterKey>) -> Self {
         Self {
             executor,
             log,
             inner: DefaultExecutionEngine::new(),
+            key,
         }
+    }
+
+    /// Refuses a task the scheduler did not sign: Ballista's task port takes plans from
+    /// whoever connects (basin_core::cluster).
+    fn check_signed(&self, job_id: &str, stage_id: usize, config: &SessionConfig) -> Result<()> {
+        let Some(key) = &self.key else {
+            return Ok(());
+        };
+        let token = config
+            .options()
+            .extensions
+            .get::<ClusterOptions>()
+            .map(|o| o.task_token.as_str());
+        let stage = u32::try_from(stage_id).unwrap_or(u32::MAX);
+        verify_task(key, job_id, stage, token).map_err(|why| {
+            tracing::warn!(executor = %self.executor, job = job_id, stage = stage_id, %why, "refused a task");
+            DataFusionError::Execution(format!("task of job {job_id} refused: {why}"))
+        })
     }
 }
 
@@ -78,6 +101,7 @@ impl ExecutionEngine for LoggingEngine {
         work_dir: &str,
         config: &SessionConfig,
     ) -> Result<Arc<dyn QueryStageExecutor>> {
+        self.check_signed(&job_id, stage_id, config)?;
         let record = TaskRecord {
             executor: self.executor.clone(),
             job_id: job_id.clone(),

@@ -34,8 +34,10 @@ use ballista_core::{ConfigProducer, RuntimeProducer};
 use ballista_executor::ArrowFlightServerProvider;
 use ballista_executor::flight_service::BallistaFlightService;
 use ballista_executor::shutdown::Shutdown;
+use basin_connectors::cluster::{check_call, check_ticket};
 use basin_connectors::codec::decode_stage_ticket;
 use basin_connectors::exchange::{ExchangeTicket, PartitionSubsetExec, decode_exchange_ticket};
+use basin_core::cluster::ClusterKey;
 use basin_core::memory::{MemoryBudget, QUERY_MEMORY_ACTION};
 use datafusion::error::DataFusionError;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -65,6 +67,8 @@ pub(crate) struct StageRuntime {
     pub log: Option<TaskLog>,
     /// The executor's memory budget, whose per-query share the scheduler asks for.
     pub memory: Arc<MemoryBudget>,
+    /// The cluster's key: calls without its proof are refused (basin_core::cluster).
+    pub key: Option<ClusterKey>,
 }
 
 /// Ballista's Flight service with streamed stages added.
@@ -103,6 +107,16 @@ impl ExecutorFlight {
             .and_then(|node| node.try_into_physical_plan(ctx, self.stages.codec.as_ref()))?;
         let plan = crate::shared::share_repeated_aggregates(plan, self.stages.codec.as_ref());
         Ok(crate::fast::fast_expressions(plan))
+    }
+
+    /// Refuses a call from outside the cluster.
+    fn check<T>(&self, request: &Request<T>, what: &str) -> Result<(), Status> {
+        check_call(self.stages.key.as_ref(), request.metadata())
+            .inspect_err(|s| self.refused(what, s))
+    }
+
+    fn refused(&self, what: &str, status: &Status) {
+        tracing::warn!(executor = %self.stages.name, call = what, why = %status.message(), "refused a Flight call");
     }
 
     fn run_stage(&self, task: TaskDefinition) -> Result<Boxed<FlightData>, Status> {
@@ -217,14 +231,20 @@ impl FlightService for ExecutorFlight {
         request: Request<Ticket>,
     ) -> Result<Response<Self::DoGetStream>, Status> {
         let ticket = &request.get_ref().ticket;
+        let key = self.stages.key.as_ref();
         if let Some(task) = decode_stage_ticket(ticket) {
+            check_ticket(key, ticket, request.metadata())
+                .inspect_err(|s| self.refused("stage", s))?;
             let task = task.map_err(|e| Status::invalid_argument(e.to_string()))?;
             return Ok(Response::new(self.run_stage(task)?));
         }
         if let Some(task) = decode_exchange_ticket(ticket) {
+            check_ticket(key, ticket, request.metadata())
+                .inspect_err(|s| self.refused("exchange", s))?;
             let task = task.map_err(|e| Status::invalid_argument(e.to_string()))?;
             return Ok(Response::new(self.run_exchange(task)?));
         }
+        self.check(&request, "shuffle fetch")?;
         self.shuffle.do_get(request).await
     }
 
@@ -232,6 +252,7 @@ impl FlightService for ExecutorFlight {
         &self,
         request: Request<Streaming<HandshakeRequest>>,
     ) -> Result<Response<Self::HandshakeStream>, Status> {
+        self.check(&request, "handshake")?;
         self.shuffle.handshake(request).await
     }
 
@@ -239,6 +260,7 @@ impl FlightService for ExecutorFlight {
         &self,
         request: Request<Criteria>,
     ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        self.check(&request, "list flights")?;
         self.shuffle.list_flights(request).await
     }
 
@@ -246,6 +268,7 @@ impl FlightService for ExecutorFlight {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
+        self.check(&request, "get flight info")?;
         self.shuffle.get_flight_info(request).await
     }
 
@@ -253,6 +276,7 @@ impl FlightService for ExecutorFlight {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<PollInfo>, Status> {
+        self.check(&request, "poll flight info")?;
         self.shuffle.poll_flight_info(request).await
     }
 
@@ -260,6 +284,7 @@ impl FlightService for ExecutorFlight {
         &self,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<SchemaResult>, Status> {
+        self.check(&request, "get schema")?;
         self.shuffle.get_schema(request).await
     }
 
@@ -267,6 +292,7 @@ impl FlightService for ExecutorFlight {
         &self,
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoPutStream>, Status> {
+        self.check(&request, "do put")?;
         self.shuffle.do_put(request).await
     }
 
@@ -274,6 +300,7 @@ impl FlightService for ExecutorFlight {
         &self,
         request: Request<Action>,
     ) -> Result<Response<Self::DoActionStream>, Status> {
+        self.check(&request, "action")?;
         if request.get_ref().r#type == QUERY_MEMORY_ACTION {
             let share = arrow_flight::Result {
                 body: self.stages.memory.query_share().to_string().into(),
@@ -287,6 +314,7 @@ impl FlightService for ExecutorFlight {
         &self,
         request: Request<Empty>,
     ) -> Result<Response<Self::ListActionsStream>, Status> {
+        self.check(&request, "list actions")?;
         self.shuffle.list_actions(request).await
     }
 
@@ -294,6 +322,7 @@ impl FlightService for ExecutorFlight {
         &self,
         request: Request<Streaming<FlightData>>,
     ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        self.check(&request, "do exchange")?;
         self.shuffle.do_exchange(request).await
     }
 }

@@ -171,6 +171,10 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
     // An executor starting means this process is not shutting down, whatever an executor
     // of it that stopped before set.
     clear_shutting_down();
+    config
+        .cluster
+        .check_exposure(&options.bind_host, "executor")?;
+    let key = config.cluster.key();
     // The Flight service serves on this listener: its port stays bound from here on.
     let flight_listener = reserve_listener(
         &options.bind_host,
@@ -240,7 +244,7 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
             .with_memory_pool(budget.query_pool())
             .build_arc()
     });
-    let config_producer: ConfigProducer = basin_config_producer();
+    let config_producer: ConfigProducer = basin_config_producer(key.clone());
     let functions = Arc::new(function_registry());
     let flight_service = flight::provider(
         flight::StageRuntime {
@@ -251,6 +255,7 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
             name: name.clone(),
             log: options.task_log.clone(),
             memory: memory.clone(),
+            key: key.clone(),
         },
         flight_listener,
     );
@@ -287,12 +292,18 @@ pub async fn run(config: Arc<BasinConfig>, options: ExecutorOptions) -> Result<(
         override_execution_engine: Some(Arc::new(engine::LoggingEngine::new(
             name,
             options.task_log.clone(),
+            key.clone(),
         ))),
+        // Its calls to the scheduler and to other executors prove it is of the cluster.
+        override_create_grpc_client_endpoint: key
+            .as_ref()
+            .map(basin_connectors::cluster::endpoint_override),
         override_arrow_flight_service: Some(flight_service),
         ..Default::default()
     };
     tracing::info!(
         flight = %format!("{}:{flight}", options.bind_host),
+        grpc = %format!("{}:{grpc}", options.bind_host),
         scheduler = %format!("{}:{}", options.scheduler_host, options.scheduler_port),
         slots,
         work_dir = %work_dir.display(),
@@ -561,12 +572,24 @@ fn function_registry() -> BallistaFunctionRegistry {
     registry
 }
 
-fn basin_config_producer() -> ConfigProducer {
+/// The settings a task starts from (its own come on top): Basin's codecs, and with a
+/// cluster key, the key for the exchange readers and the clients of Ballista's shuffle
+/// readers, and the place for the scheduler's signature of the task.
+fn basin_config_producer(key: Option<basin_core::cluster::ClusterKey>) -> ConfigProducer {
     use ballista_core::extension::SessionConfigExt;
-    Arc::new(|| {
-        datafusion::prelude::SessionConfig::new_with_ballista()
+    use basin_connectors::cluster;
+    Arc::new(move || {
+        let config = datafusion::prelude::SessionConfig::new_with_ballista()
             .with_ballista_logical_extension_codec(logical_codec())
             .with_ballista_physical_extension_codec(physical_codec())
+            .with_option_extension(cluster::ClusterOptions::default());
+        match &key {
+            Some(key) => cluster::with_key(config, Some(key))
+                .with_ballista_override_create_grpc_client_endpoint(cluster::endpoint_override(
+                    key,
+                )),
+            None => config,
+        }
     })
 }
 

@@ -28,6 +28,7 @@ use basin_connectors::mongodb::MongoPushdown;
 use basin_connectors::portable::portable_plan;
 use basin_connectors::remote::RemotePushdown;
 use basin_core::BasinConfig;
+use basin_core::cluster::ClusterKey;
 use datafusion::common::DFSchema;
 use datafusion::common::format::ExplainFormat;
 use datafusion::config::OptimizerOptions;
@@ -67,7 +68,14 @@ pub fn connect(
     } else {
         task_slots.max(1)
     };
-    let session_config = base_config().with_target_partitions(partitions);
+    let mut session_config = base_config().with_target_partitions(partitions);
+    // Calls to the scheduler and the executors prove they come from the cluster.
+    if let Some(key) = config.cluster.key() {
+        session_config = basin_connectors::cluster::with_key(session_config, Some(&key))
+            .with_ballista_override_create_grpc_client_endpoint(
+                basin_connectors::cluster::endpoint_override(&key),
+            );
+    }
     // What runs here (merges of streamed results, writes to memory tables) is bounded too.
     let base = runtime_env(config)?;
     let runtime = RuntimeEnvBuilder::from_runtime_env(&base)
@@ -503,7 +511,8 @@ impl BasinQueryPlanner {
         let mut exchanged = state.clone();
         let mut broadcast_max = self.single_node_max_bytes.max(BROADCAST_MAX_BYTES);
         for executor in executors {
-            if let Some(memory) = crate::memory::query_memory(executor).await {
+            let key = state.config().get_extension::<ClusterKey>();
+            if let Some(memory) = crate::memory::query_memory(executor, key.as_deref()).await {
                 broadcast_max = broadcast_max.min(memory / 4);
             }
         }
@@ -557,7 +566,8 @@ impl BasinQueryPlanner {
         let Some((executor, running)) = streamed::next_executor(executors) else {
             return Ok(None);
         };
-        let max_bytes = match crate::memory::query_memory(executor).await {
+        let key = state.config().get_extension::<ClusterKey>();
+        let max_bytes = match crate::memory::query_memory(executor, key.as_deref()).await {
             Some(memory) => self.single_node_max_bytes.min(memory),
             None => self.single_node_max_bytes,
         };

@@ -62,11 +62,14 @@ fn answers() -> &'static Answers {
 
 /// The bytes one query may hold on `executor` (`[executor] memory_limit` times
 /// `query_memory_fraction`), as it says; `None` when it does not answer.
-pub(crate) async fn query_memory(executor: &ExecutorInfo) -> Option<u64> {
+pub(crate) async fn query_memory(
+    executor: &ExecutorInfo,
+    key: Option<&basin_core::cluster::ClusterKey>,
+) -> Option<u64> {
     if let Some(known) = lock(answers()).get(&executor.id) {
         return *known;
     }
-    let answer = ask(executor).await;
+    let answer = ask(executor, key).await;
     if answer.is_none() {
         tracing::debug!(executor = %executor.id, "executor does not say how much memory a query may hold");
     }
@@ -79,12 +82,16 @@ pub(crate) async fn query_memory(executor: &ExecutorInfo) -> Option<u64> {
     answer
 }
 
-async fn ask(executor: &ExecutorInfo) -> Option<u64> {
+async fn ask(
+    executor: &ExecutorInfo,
+    key: Option<&basin_core::cluster::ClusterKey>,
+) -> Option<u64> {
     let url = format!("http://{}:{}", executor.host, executor.port);
     let endpoint = tonic::transport::Endpoint::from_shared(url)
         .ok()?
         .connect_timeout(Duration::from_secs(2))
         .timeout(Duration::from_secs(2));
+    let endpoint = basin_connectors::cluster::with_user_agent(endpoint, key).ok()?;
     let channel = endpoint.connect().await.ok()?;
     let action = Action {
         r#type: QUERY_MEMORY_ACTION.to_string(),

@@ -5,12 +5,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ballista_core::config::TaskSchedulingPolicy;
+use ballista_core::serde::protobuf::{KeyValuePair, MultiTaskDefinition};
+use ballista_core::serde::scheduler::ExecutorMetadata;
 use ballista_scheduler::cluster::BallistaCluster;
 use ballista_scheduler::config::{SchedulerConfig, TaskDistributionPolicy};
 use ballista_scheduler::scheduler_process::create_scheduler;
 use ballista_scheduler::scheduler_server::SchedulerServer;
+use ballista_scheduler::state::executor_manager::ExecutorManager;
+use ballista_scheduler::state::task_manager::TaskLauncher;
 use basin_connectors::catalogs::runtime_env;
 use basin_connectors::codec::{logical_codec, physical_codec};
+use basin_core::cluster::ClusterKey;
 use basin_core::net::reserve_port;
 use basin_core::{BasinConfig, BasinError, Result};
 use datafusion_proto::protobuf::{LogicalPlanNode, PhysicalPlanNode};
@@ -281,6 +286,10 @@ impl Drop for SchedulerHandle {
 
 /// Starts the scheduler and returns once it accepts connections.
 pub async fn start(config: Arc<BasinConfig>, options: SchedulerOptions) -> Result<SchedulerHandle> {
+    config
+        .cluster
+        .check_exposure(&options.bind_host, "scheduler")?;
+    let key = config.cluster.key();
     let addr = reserve_port(&options.bind_host, options.port, "scheduler")?;
     let runtime = runtime_env(&config)?;
     let mut scheduler_config = SchedulerConfig::default()
@@ -300,18 +309,48 @@ pub async fn start(config: Arc<BasinConfig>, options: SchedulerOptions) -> Resul
     scheduler_config.finished_job_data_clean_up_interval_seconds = 3600;
     scheduler_config.override_logical_codec = Some(logical_codec());
     scheduler_config.override_physical_codec = Some(physical_codec());
+    // Its calls to the executors prove it is of the cluster.
+    scheduler_config.override_create_grpc_client_endpoint = key
+        .as_ref()
+        .map(basin_connectors::cluster::endpoint_override);
     let scheduler_config = Arc::new(scheduler_config);
 
+    let cannot = |e: ballista_core::error::BallistaError| {
+        BasinError::Invalid(format!("cannot create the scheduler: {e}"))
+    };
     let cluster = BallistaCluster::new_from_config(&scheduler_config)
         .await
-        .map_err(|e| BasinError::Invalid(format!("cannot create the scheduler: {e}")))?;
-    let scheduler =
-        create_scheduler::<LogicalPlanNode, PhysicalPlanNode>(cluster, scheduler_config)
+        .map_err(cannot)?;
+    let scheduler = match &key {
+        None => create_scheduler::<LogicalPlanNode, PhysicalPlanNode>(cluster, scheduler_config)
             .await
-            .map_err(|e| BasinError::Invalid(format!("cannot create the scheduler: {e}")))?;
+            .map_err(cannot)?,
+        // As create_scheduler, with every task launched signed.
+        Some(key) => {
+            let codec = ballista_core::serde::BallistaCodec::new(logical_codec(), physical_codec());
+            let launcher = Arc::new(SignedTasks {
+                key: key.clone(),
+                scheduler_id: scheduler_config.scheduler_name(),
+            });
+            let mut scheduler = SchedulerServer::new_with_task_launcher(
+                scheduler_config.scheduler_name(),
+                cluster,
+                codec,
+                scheduler_config,
+                ballista_scheduler::metrics::default_metrics_collector().map_err(cannot)?,
+                launcher,
+            );
+            scheduler.init().await.map_err(cannot)?;
+            scheduler
+        }
+    };
     let server = scheduler.clone();
+    let guard = Guard {
+        key: key.clone(),
+        rest_api: config.cluster.rest_api,
+    };
     let task = tokio::spawn(async move {
-        if let Err(e) = serve_scheduler(addr, scheduler).await {
+        if let Err(e) = serve_scheduler(addr, scheduler, guard).await {
             tracing::error!(error = %e, "scheduler stopped");
         }
     });
@@ -346,6 +385,7 @@ pub async fn start(config: Arc<BasinConfig>, options: SchedulerOptions) -> Resul
 async fn serve_scheduler(
     addr: SocketAddr,
     scheduler: SchedulerServer<LogicalPlanNode, PhysicalPlanNode>,
+    guard: Guard,
 ) -> std::io::Result<()> {
     use axum::serve::ListenerExt;
     use ballista_core::serde::protobuf::scheduler_grpc_server::SchedulerGrpcServer;
@@ -355,10 +395,22 @@ async fn serve_scheduler(
         .max_decoding_message_size(config.grpc_server_max_decoding_message_size as usize);
     let mut routes = tonic::service::RoutesBuilder::default();
     routes.add_service(grpc);
-    let app = routes
-        .routes()
-        .into_axum_router()
-        .merge(ballista_scheduler::api::get_routes(Arc::new(scheduler)));
+    let mut app = routes.routes().into_axum_router();
+    if guard.rest_api {
+        app = app.merge(ballista_scheduler::api::get_routes(Arc::new(scheduler)));
+    }
+    let key = guard.key;
+    let app = app.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            let refused = refuse_scheduler_call(key.as_ref(), &request);
+            async move {
+                match refused {
+                    None => next.run(request).await,
+                    Some(refused) => refused,
+                }
+            }
+        },
+    ));
     let listener = tokio::net::TcpListener::bind(addr).await?.tap_io(|tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::warn!(error = %e, "cannot set TCP_NODELAY on a scheduler connection");
@@ -369,4 +421,78 @@ async fn serve_scheduler(
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
     .await
+}
+
+/// What guards the scheduler's port.
+struct Guard {
+    /// Calls without the cluster's proof are refused (basin_core::cluster).
+    key: Option<ClusterKey>,
+    /// Ballista's REST API is served (`[cluster] rest_api`).
+    rest_api: bool,
+}
+
+/// The answer to a call to the scheduler's port from outside the cluster (`None` for a
+/// call from inside): gRPC calls get an UNAUTHENTICATED status, REST calls 401. A REST
+/// client proves itself as Basin's gRPC clients do, or with `Authorization: Bearer <the
+/// user agent's proof>`.
+fn refuse_scheduler_call(
+    key: Option<&ClusterKey>,
+    request: &axum::extract::Request,
+) -> Option<axum::response::Response> {
+    let key = key?;
+    let header = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok());
+    let bearer = header("authorization")
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|token| format!("{}{token}", basin_core::cluster::USER_AGENT_PREFIX));
+    let checked = key
+        .check_user_agent(header("user-agent"))
+        .or_else(|why| match &bearer {
+            Some(bearer) => key.check_user_agent(Some(bearer)),
+            None => Err(why),
+        });
+    let why = checked.err()?;
+    tracing::warn!(path = %request.uri().path(), %why, "refused a call to the scheduler");
+    let is_grpc = header("content-type").is_some_and(|t| t.starts_with("application/grpc"));
+    if is_grpc {
+        let (parts, body) = basin_connectors::cluster::refused(why)
+            .into_http::<tonic::body::Body>()
+            .into_parts();
+        return Some(axum::response::Response::from_parts(
+            parts,
+            axum::body::Body::new(body),
+        ));
+    }
+    let mut response = axum::response::Response::new(axum::body::Body::from(why.to_string()));
+    *response.status_mut() = axum::http::StatusCode::UNAUTHORIZED;
+    Some(response)
+}
+
+/// Launches tasks as Ballista does, each signed for its job and stage: an executor runs
+/// only tasks with the scheduler's signature ([`basin_connectors::cluster::sign_task`]).
+struct SignedTasks {
+    key: ClusterKey,
+    scheduler_id: String,
+}
+
+#[async_trait::async_trait]
+impl TaskLauncher for SignedTasks {
+    async fn launch_tasks(
+        &self,
+        executor: &ExecutorMetadata,
+        mut tasks: Vec<MultiTaskDefinition>,
+        executor_manager: &ExecutorManager,
+    ) -> ballista_core::error::Result<()> {
+        use basin_connectors::cluster::{TASK_TOKEN_KEY, sign_task};
+        for task in &mut tasks {
+            // Whatever a session set under the same name does not count.
+            task.props.retain(|kv| kv.key != TASK_TOKEN_KEY);
+            task.props.push(KeyValuePair {
+                key: TASK_TOKEN_KEY.to_string(),
+                value: Some(sign_task(&self.key, &task.job_id, task.stage_id)),
+            });
+        }
+        executor_manager
+            .launch_multi_task(&executor.id, tasks, self.scheduler_id.clone())
+            .await
+    }
 }

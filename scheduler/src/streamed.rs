@@ -28,6 +28,7 @@ use ballista_core::extension::SessionConfigHelperExt;
 use ballista_core::serde::protobuf::TaskDefinition;
 use basin_connectors::codec::{encode_stage_ticket, physical_codec};
 use basin_connectors::iceberg::IcebergScanExec;
+use basin_core::cluster::ClusterKey;
 use datafusion::arrow::datatypes::{DataType, Schema, SchemaRef};
 use datafusion::arrow::ipc::MessageHeader;
 use datafusion::arrow::ipc::writer::IpcWriteOptions;
@@ -618,7 +619,8 @@ impl StreamedStageExec {
             Some(running) => Fallback::OneExecutor(running.clone()),
             None => Fallback::Spread(self.executors.clone()),
         };
-        let fetch: Fetch = Arc::new(move |executor| fetch(executor, ticket.clone()));
+        let key = basin_connectors::cluster::key_of(&context);
+        let fetch: Fetch = Arc::new(move |executor| fetch(executor, ticket.clone(), key.clone()));
         PartitionStream::new(
             format!("{} partition {partition}", self.id),
             self.executor(partition).clone(),
@@ -672,6 +674,7 @@ type Fetch = Arc<
 fn fetch(
     executor: &ExecutorInfo,
     ticket: Ticket,
+    key: Option<Arc<ClusterKey>>,
 ) -> BoxStream<'static, std::result::Result<FlightData, Failed>> {
     let address = format!("http://{}:{}", executor.host, executor.port);
     let fetch = async move {
@@ -689,6 +692,9 @@ fn fetch(
             .connect_timeout(Duration::from_secs(10))
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(20));
+        let key = key.as_deref();
+        let endpoint = basin_connectors::cluster::with_user_agent(endpoint, key)
+            .map_err(|e| Failed::lost("bad cluster user agent", &e))?;
         let channel = endpoint
             .connect()
             .await
@@ -696,7 +702,10 @@ fn fetch(
         let mut client = FlightServiceClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
-        let response = client.do_get(ticket).await.map_err(Failed::status)?;
+        let response = client
+            .do_get(basin_connectors::cluster::signed_ticket(ticket, key))
+            .await
+            .map_err(Failed::status)?;
         // The executor's own words (a source's error, a bad plan), or a broken connection.
         let messages = response.into_inner().map_err(Failed::status);
         Ok::<_, Failed>(messages)

@@ -323,7 +323,9 @@ async fn start_route(mode: &str, config: &Arc<BasinConfig>) -> Result<(Cluster, 
                 Err(e) => return Err(format!("[cluster] cluster start panicked: {e}")),
             };
             let url = cluster.url();
-            let cfg = config.clone();
+            let mut cfg = config.as_ref().clone();
+            cfg.cluster.secret = Some(basin_core::Secret::new(cluster.secret.clone()));
+            let cfg = Arc::new(cfg);
             let connect: Connect = Arc::new(move || {
                 basin_scheduler::connect(&cfg, &url, 4, None).map_err(|e| e.to_string())
             });

@@ -41,6 +41,10 @@ pub struct ProcessCluster {
     pub scheduler_port: u16,
     pub dir: PathBuf,
     children: Vec<(String, Child)>,
+    /// The REST API's bearer token (from the cluster secret).
+    token: Option<String>,
+    /// The cluster's secret: a front end of this cluster needs it.
+    pub secret: String,
 }
 
 impl ProcessCluster {
@@ -53,6 +57,8 @@ impl ProcessCluster {
             scheduler_port,
             dir: dir.clone(),
             children: vec![],
+            token: None,
+            secret: String::new(),
         };
         let spawn = |name: &str, args: &[String]| -> Result<Child, String> {
             let log = std::fs::File::create(dir.join(format!("{name}.log")))
@@ -67,6 +73,22 @@ impl ProcessCluster {
                 .map_err(|e| format!("cannot start {}: {e}", bin.display()))
         };
         let data = dir.join("data").display().to_string();
+        // Closed as a production cluster is (a secret of its own), with Ballista's REST API
+        // on for its list of executors.
+        let secret = format!("sql-tests-{}-{scheduler_port}", std::process::id());
+        let config = dir.join("basin.toml");
+        std::fs::write(
+            &config,
+            format!("[cluster]\nsecret = \"{secret}\"\nrest_api = true\n"),
+        )
+        .map_err(|e| e.to_string())?;
+        let config = config.display().to_string();
+        cluster.secret = secret.clone();
+        cluster.token = Some(
+            basin_core::cluster::ClusterKey::new(&basin_core::Secret::new(secret.clone()))
+                .user_agent()[basin_core::cluster::USER_AGENT_PREFIX.len()..]
+                .to_string(),
+        );
         let child = spawn(
             "scheduler",
             &[
@@ -78,6 +100,8 @@ impl ProcessCluster {
                 "0".into(),
                 "--data-dir".into(),
                 data.clone(),
+                "--config".into(),
+                config.clone(),
             ],
         )?;
         cluster.children.push(("scheduler".into(), child));
@@ -94,6 +118,8 @@ impl ProcessCluster {
                     task_slots.to_string(),
                     "--data-dir".into(),
                     data.clone(),
+                    "--config".into(),
+                    config.clone(),
                 ],
             )?;
             cluster.children.push((name, child));
@@ -129,7 +155,8 @@ impl ProcessCluster {
     fn wait_for_executors(&mut self, n: usize, timeout: Duration) -> Result<(), String> {
         let start = Instant::now();
         loop {
-            let body = http_get(self.scheduler_port, "/api/executors").unwrap_or_default();
+            let body = http_get(self.scheduler_port, "/api/executors", self.token.as_deref())
+                .unwrap_or_default();
             let count = body.matches("\"id\"").count();
             if count >= n {
                 return Ok(());
@@ -174,14 +201,15 @@ impl Drop for ProcessCluster {
 }
 
 /// A minimal HTTP/1.1 GET on loopback.
-pub fn http_get(port: u16, path: &str) -> Result<String, String> {
+pub fn http_get(port: u16, path: &str, token: Option<&str>) -> Result<String, String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
     stream
         .set_read_timeout(Some(Duration::from_secs(5)))
         .map_err(|e| e.to_string())?;
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Connection: close\r\n\r\n"
     )
     .map_err(|e| e.to_string())?;
     let mut response = String::new();

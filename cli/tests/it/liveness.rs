@@ -10,6 +10,9 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use basin_core::Secret;
+use basin_core::cluster::{ClusterKey, USER_AGENT_PREFIX};
+
 use crate::{RunWithin, Scratch, scratch_dir, stderr, stdout};
 
 /// Small queries run whole on one executor up to this many bytes (by the scans' estimates):
@@ -42,6 +45,8 @@ fn free_port() -> u16 {
 /// The scheduler and the executors, killed when dropped.
 pub(crate) struct Cluster {
     dir: Scratch,
+    /// The REST API's bearer token (from the cluster secret).
+    token: Option<String>,
     scheduler_port: u16,
     flight_sql_port: u16,
     /// Flight port of each executor (kept when it is started again).
@@ -54,11 +59,25 @@ impl Cluster {
         Self::start_with(executors, CONFIG)
     }
 
-    /// A cluster of `executors` executors whose `basin.toml` is `config`.
+    /// A cluster of `executors` executors whose `basin.toml` is `config`, closed with a
+    /// cluster secret of its own (a `[cluster]` section in `config` replaces it) and with
+    /// Ballista's REST API on, for its list of executors.
     pub(crate) fn start_with(executors: usize, config: &str) -> Self {
         let dir = scratch_dir("cluster");
-        std::fs::write(dir.join("basin.toml"), config).expect("write basin.toml");
+        let secret = format!("test-secret-{}", std::process::id());
+        let config = if config.contains("[cluster]") {
+            config.to_string()
+        } else {
+            format!("{config}\n[cluster]\nsecret = \"{secret}\"\nrest_api = true\n")
+        };
+        std::fs::write(dir.join("basin.toml"), &config).expect("write basin.toml");
+        let token = config
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("secret = "))
+            .map(|s| ClusterKey::new(&Secret::new(s.trim_matches('"'))))
+            .map(|key| key.user_agent()[USER_AGENT_PREFIX.len()..].to_string());
         let mut cluster = Self {
+            token,
             dir,
             scheduler_port: free_port(),
             flight_sql_port: free_port(),
@@ -150,7 +169,7 @@ impl Cluster {
 
     /// Executors registered with the scheduler (its REST API).
     fn registered(&self) -> usize {
-        http_get(self.scheduler_port, "/api/executors")
+        http_get(self.scheduler_port, "/api/executors", self.token.as_deref())
             .unwrap_or_default()
             .matches("\"id\"")
             .count()
@@ -201,6 +220,10 @@ impl Cluster {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    pub(crate) fn scheduler_port(&self) -> u16 {
+        self.scheduler_port
     }
 
     pub(crate) fn url(&self) -> String {
@@ -275,17 +298,35 @@ impl Drop for Cluster {
 }
 
 /// A minimal HTTP/1.1 GET on loopback.
-fn http_get(port: u16, path: &str) -> Option<String> {
+fn http_get(port: u16, path: &str, token: Option<&str>) -> Option<String> {
+    http_response(port, path, token).map(|(_, body)| body)
+}
+
+/// The status code and body of a GET of `path`.
+pub(crate) fn http_status(port: u16, path: &str, token: Option<&str>) -> (u16, String) {
+    let (head, body) = http_response(port, path, token).expect("an HTTP answer");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, body)
+}
+
+fn http_response(port: u16, path: &str, token: Option<&str>) -> Option<(String, String)> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Connection: close\r\n\r\n"
     )
     .ok()?;
     let mut response = String::new();
     stream.read_to_string(&mut response).ok()?;
-    response.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+    response
+        .split_once("\r\n\r\n")
+        .map(|(h, b)| (h.to_string(), b.to_string()))
 }
 
 /// Task and stage lines of an executor's log.
@@ -344,10 +385,11 @@ fn an_executor_killed_between_queries_is_passed_over_and_used_again_once_restart
     cluster.kill(warm);
     // Meanwhile: how soon the scheduler forgets the killed executor.
     let port = cluster.scheduler_port;
+    let token = cluster.token.clone();
     let forgotten = std::thread::spawn(move || {
         let lost = Instant::now();
         while lost.elapsed() < Duration::from_secs(60) {
-            let registered = http_get(port, "/api/executors").unwrap_or_default();
+            let registered = http_get(port, "/api/executors", token.as_deref()).unwrap_or_default();
             if registered.matches("\"id\"").count() == 1 {
                 return Some(lost.elapsed());
             }

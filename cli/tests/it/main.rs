@@ -11,6 +11,7 @@ mod oracle;
 mod postgres_tls;
 mod routes;
 mod s3;
+mod security;
 mod shell;
 mod standalone;
 

@@ -1,0 +1,301 @@
+//! A closed cluster (docs/security.md): `basin scheduler` and two `basin executor`
+//! processes sharing `[cluster] secret`, attacked with raw gRPC and Flight clients that
+//! carry hand-made plans. Every internal port refuses them; the same calls made with the
+//! cluster's credentials go through, so what stops the attacker is the secret, not a
+//! malformed call.
+
+use std::sync::Arc;
+
+use arrow_flight::Ticket;
+use arrow_flight::flight_service_client::FlightServiceClient;
+use ballista_core::serde::protobuf::execute_query_params::Query;
+use ballista_core::serde::protobuf::executor_grpc_client::ExecutorGrpcClient;
+use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
+use ballista_core::serde::protobuf::{
+    ExecuteQueryParams, LaunchMultiTaskParams, MultiTaskDefinition, TaskDefinition,
+};
+use basin_core::Secret;
+use basin_core::cluster::{ClusterKey, SIGNATURE_HEADER};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::prelude::{CsvReadOptions, SessionContext};
+use datafusion_proto::physical_plan::AsExecutionPlan;
+use datafusion_proto::protobuf::PhysicalPlanNode;
+use prost::Message;
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::liveness::Cluster;
+use crate::scratch_dir;
+
+const SECRET: &str = "closed-cluster-test-secret";
+
+const CONFIG: &str = "[server]\nsingle_node_max_bytes = 0\n\
+     [cluster]\nsecret = \"closed-cluster-test-secret\"\nrest_api = true\n";
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+async fn channel(port: u16, agent: Option<String>) -> Channel {
+    let mut endpoint = Endpoint::from_shared(format!("http://127.0.0.1:{port}")).unwrap();
+    if let Some(agent) = agent {
+        endpoint = endpoint.user_agent(agent).unwrap();
+    }
+    endpoint.connect().await.expect("connect")
+}
+
+/// A plan that reads `path` (a file of the executor's machine), as a streamed-stage
+/// ticket would carry it.
+async fn plan_reading(path: &std::path::Path) -> Vec<u8> {
+    let ctx = SessionContext::new();
+    ctx.register_csv("loot", path.to_str().unwrap(), CsvReadOptions::new())
+        .await
+        .unwrap();
+    let plan: Arc<dyn ExecutionPlan> = ctx
+        .sql("SELECT * FROM loot")
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let codec = basin_connectors::codec::physical_codec();
+    PhysicalPlanNode::try_from_physical_plan(plan, codec.as_ref())
+        .unwrap()
+        .encode_to_vec()
+}
+
+/// DoGet of `ticket` on the executor's Flight port; the rows' text or the refusal.
+async fn do_get(
+    port: u16,
+    ticket: &[u8],
+    agent: Option<String>,
+    signature: Option<String>,
+) -> Result<usize, tonic::Status> {
+    let mut client = FlightServiceClient::new(channel(port, agent).await);
+    let mut request = tonic::Request::new(Ticket::new(ticket.to_vec()));
+    if let Some(signature) = signature {
+        request
+            .metadata_mut()
+            .insert(SIGNATURE_HEADER, signature.parse().unwrap());
+    }
+    let mut stream = client.do_get(request).await?.into_inner();
+    let mut messages = 0;
+    while stream.message().await?.is_some() {
+        messages += 1;
+    }
+    Ok(messages)
+}
+
+#[test]
+fn internal_ports_refuse_plans_without_the_cluster_secret() {
+    let cluster = Cluster::start_with(2, CONFIG);
+    // The cluster itself works closed: a streamed stage, exchanges between the executors
+    // (single_node_max_bytes = 0) and a Ballista job's tasks are all signed.
+    cluster.expect(
+        "SELECT count(*) AS n FROM tpch.tiny.lineitem WHERE l_quantity > 10",
+        "n\n48177\n",
+    );
+    cluster.expect(
+        "SELECT n_name, count(*) AS suppliers FROM tpch.tiny.supplier \
+         JOIN tpch.tiny.nation ON s_nationkey = n_nationkey GROUP BY n_name \
+         ORDER BY suppliers DESC, n_name LIMIT 2",
+        "n_name,suppliers\nUNITED STATES,8\nCHINA,7\n",
+    );
+
+    let key = ClusterKey::new(&Secret::new(SECRET));
+    let wrong = ClusterKey::new(&Secret::new("a guess"));
+    let loot = scratch_dir("loot");
+    let file = loot.join("secret.csv");
+    std::fs::write(&file, "a,b\n1,private\n").unwrap();
+
+    runtime().block_on(async {
+        // --- an executor's Flight port: a streamed-stage ticket with a hand-made plan.
+        let flight = cluster.executor_ports[0];
+        let task = TaskDefinition {
+            job_id: "crafted".into(),
+            partition_id: 0,
+            plan: plan_reading(&file).await,
+            session_id: "attacker".into(),
+            ..Default::default()
+        };
+        let ticket = basin_connectors::codec::encode_stage_ticket(&task);
+        let signed = || Some(key.sign("flight-ticket", &[&ticket]));
+        for (what, agent, signature) in [
+            ("no credential", None, None),
+            ("a guessed user agent", Some(wrong.user_agent()), None),
+            (
+                "the user agent without a signature",
+                Some(key.user_agent()),
+                None,
+            ),
+            (
+                "a signature made with another secret",
+                Some(key.user_agent()),
+                Some(wrong.sign("flight-ticket", &[&ticket])),
+            ),
+            (
+                "a signature of another ticket",
+                Some(key.user_agent()),
+                Some(key.sign("flight-ticket", &[b"BASIN-STAGE\0other"])),
+            ),
+            ("a signature without the user agent", None, signed()),
+        ] {
+            let refused = do_get(flight, &ticket, agent, signature)
+                .await
+                .expect_err(what);
+            assert_eq!(refused.code(), Code::Unauthenticated, "{what}: {refused}");
+            assert!(!refused.message().contains(SECRET), "{refused}");
+        }
+        // Shuffle fetches, actions and listings need the credential too.
+        let mut bare = FlightServiceClient::new(channel(flight, None).await);
+        let refused = bare
+            .do_action(arrow_flight::Action::new("basin.query_memory", ""))
+            .await
+            .expect_err("an action without a credential");
+        assert_eq!(refused.code(), Code::Unauthenticated, "{refused}");
+        let refused = bare
+            .list_flights(arrow_flight::Criteria::default())
+            .await
+            .expect_err("a listing without a credential");
+        assert_eq!(refused.code(), Code::Unauthenticated, "{refused}");
+        // The same ticket, signed with the cluster's secret, runs: the plan was a good one.
+        let messages = do_get(flight, &ticket, Some(key.user_agent()), signed())
+            .await
+            .expect("the signed ticket runs");
+        assert!(messages >= 2, "schema and a batch: {messages}");
+
+        // --- the scheduler's gRPC port: a job with a hand-made logical plan.
+        let scheduler = cluster.scheduler_port();
+        let params = ExecuteQueryParams {
+            query: Some(Query::LogicalPlan(b"not even a plan".to_vec())),
+            session_id: "attacker".into(),
+            ..Default::default()
+        };
+        for (what, agent) in [
+            ("no credential", None),
+            ("a guessed user agent", Some(wrong.user_agent())),
+        ] {
+            let mut client = SchedulerGrpcClient::new(channel(scheduler, agent).await);
+            let refused = client.execute_query(params.clone()).await.expect_err(what);
+            assert_eq!(refused.code(), Code::Unauthenticated, "{what}: {refused}");
+        }
+        // With the credential the scheduler reads the request (and finds no plan in it).
+        let mut client = SchedulerGrpcClient::new(channel(scheduler, Some(key.user_agent())).await);
+        let answer = client.execute_query(params).await;
+        assert!(
+            answer
+                .as_ref()
+                .map_or_else(|s| s.code() != Code::Unauthenticated, |_| true),
+            "{answer:?}"
+        );
+    });
+
+    // --- an executor's task port (Ballista's, which checks nothing itself): a task with a
+    // hand-made plan that would write a file. The executor decodes it and refuses to run
+    // it without the scheduler's signature.
+    let log = cluster.log("executor-1");
+    let grpc: u16 = log
+        .split("grpc=127.0.0.1:")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|port| port.parse().ok())
+        .unwrap_or_else(|| panic!("the executor's gRPC port in its log:\n{log}"));
+    let target = loot.join("written-by-attacker");
+    runtime().block_on(async {
+        let ctx = SessionContext::new();
+        let copy = format!(
+            "COPY (SELECT 1 AS a) TO '{}' STORED AS CSV",
+            target.display()
+        );
+        let plan = ctx
+            .sql(&copy)
+            .await
+            .unwrap()
+            .create_physical_plan()
+            .await
+            .unwrap();
+        let codec = basin_connectors::codec::physical_codec();
+        let plan = PhysicalPlanNode::try_from_physical_plan(plan, codec.as_ref())
+            .unwrap()
+            .encode_to_vec();
+        let forged = ballista_core::serde::protobuf::KeyValuePair {
+            key: basin_connectors::cluster::TASK_TOKEN_KEY.into(),
+            value: Some(wrong.sign("ballista-task", &[b"crafted", &1u32.to_le_bytes()])),
+        };
+        for props in [vec![], vec![forged]] {
+            let task = MultiTaskDefinition {
+                task_ids: vec![ballista_core::serde::protobuf::TaskId {
+                    task_id: 1,
+                    partition_id: 0,
+                    ..Default::default()
+                }],
+                job_id: "crafted".into(),
+                stage_id: 1,
+                plan: plan.clone(),
+                session_id: "attacker".into(),
+                props,
+                ..Default::default()
+            };
+            let mut client = ExecutorGrpcClient::new(channel(grpc, None).await);
+            // Ballista's port answers; the task does not run.
+            let _ = client
+                .launch_multi_task(LaunchMultiTaskParams {
+                    multi_tasks: vec![task],
+                    scheduler_id: format!("127.0.0.1:{}", cluster.scheduler_port()),
+                })
+                .await;
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while cluster.log("executor-1").matches("refused a task").count() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the executor did not refuse both tasks:\n{}",
+            cluster.log_tail("executor-1")
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(
+        !target.exists(),
+        "a refused task wrote {}",
+        target.display()
+    );
+
+    // --- the REST API: refused without the token, served with it.
+    let port = cluster.scheduler_port();
+    let (status, _) = crate::liveness::http_status(port, "/api/executors", None);
+    assert_eq!(status, 401);
+    let token = &key.user_agent()[basin_core::cluster::USER_AGENT_PREFIX.len()..];
+    let (status, body) = crate::liveness::http_status(port, "/api/executors", Some(token));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body.matches("\"id\"").count(), 2, "{body}");
+
+    // The executors said why, without the secret.
+    let logs = cluster.log("executor-0");
+    assert!(logs.contains("refused a Flight call"), "{logs}");
+    assert!(!logs.contains(SECRET));
+    assert!(!cluster.log("scheduler").contains(SECRET));
+}
+
+#[test]
+fn a_cluster_on_the_network_needs_a_secret() {
+    let out = crate::basin(
+        &[
+            "scheduler",
+            "--bind-host",
+            "0.0.0.0",
+            "--port",
+            "0",
+            "--flight-sql-port",
+            "0",
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    let err = crate::stderr(&out);
+    assert!(err.contains("[cluster] secret"), "{err}");
+    assert!(err.contains("BASIN_CLUSTER_SECRET"), "{err}");
+}
