@@ -238,6 +238,13 @@ class Basin:
         runs; the scheduler is not pinned."""
         self.procs = []
         self.workdir = workdir
+        # The benchmarks load their Parquet files over Flight SQL, whose sessions may read
+        # only where [security] allowed_locations says (docs/security.md): anywhere here.
+        text = pathlib.Path(config).read_text() if config else ""
+        if "[security]" not in text:
+            text += '\n[security]\nallowed_locations = ["/", "s3://"]\n'
+        config = pathlib.Path(workdir) / f"basin-harness-{free_port()}.toml"
+        config.write_text(text)
         env = dict(os.environ)
         env.setdefault("BASIN_LOG", "warn")  # BASIN_LOG=debug python3 ... to see more
         flight = free_port()

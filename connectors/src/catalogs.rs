@@ -80,6 +80,19 @@ pub fn register_functions(ctx: &SessionContext) {
     }
 }
 
+/// Confines the session's file access to `sandbox`: its `read_*()` functions, and (checked
+/// when statements are planned, by whoever reads the session's [`Sandbox`] extension)
+/// external tables, `COPY … TO` and Iceberg locations.
+pub fn sandbox_session(ctx: &SessionContext, sandbox: Arc<basin_core::sandbox::Sandbox>) {
+    for kind in [FileKind::Parquet, FileKind::Csv, FileKind::Json] {
+        ctx.register_udtf(
+            kind.function_name(),
+            Arc::new(ReadFilesFunction::new(kind, ctx.runtime_env()).sandboxed(sandbox.clone())),
+        );
+    }
+    ctx.state_ref().write().config_mut().set_extension(sandbox);
+}
+
 /// Iceberg catalogs are connected once per process and shared by every session (each holds
 /// a connection pool and a small runtime).
 fn shared_iceberg_catalog(

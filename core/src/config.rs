@@ -47,6 +47,9 @@ pub struct BasinConfig {
     /// How the processes of a cluster know each other.
     #[serde(default)]
     pub cluster: ClusterConfig,
+    /// What SQL users may reach.
+    #[serde(default)]
+    pub security: SecurityConfig,
     /// Catalogs by name.
     #[serde(default)]
     pub catalogs: BTreeMap<String, CatalogConfig>,
@@ -207,6 +210,17 @@ impl ClusterConfig {
              allow_unauthenticated = true if something else guards the network"
         )))
     }
+}
+
+/// `[security]`: what SQL users may reach (docs/security.md).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SecurityConfig {
+    /// The local directories and object-store locations (`s3://bucket/prefix/`, `s3://` for
+    /// every bucket) that `read_*()`, `CREATE EXTERNAL TABLE`, `COPY … TO` and Iceberg
+    /// `location` options of Flight SQL clients may use, besides the data directory and the
+    /// Iceberg warehouses. Default: every bucket of `[storage.s3]` when it is configured.
+    pub allowed_locations: Option<Vec<String>>,
 }
 
 /// Whether `host` names only this machine.

@@ -14,12 +14,13 @@ pub mod config;
 pub mod error;
 pub mod memory;
 pub mod net;
+pub mod sandbox;
 pub mod secret;
 
 pub use config::{
     BasinConfig, ByteSize, CatalogConfig, ClusterConfig, ExecutorConfig, FlightSqlConfig,
     IcebergCatalogConfig, IcebergCatalogKind, MongoCollectionConfig, MongoSourceConfig, S3Config,
-    ServerConfig, SqlSourceConfig, StorageConfig, TlsMode,
+    SecurityConfig, ServerConfig, SqlSourceConfig, StorageConfig, TlsMode,
 };
 pub use error::{BasinError, Result};
 pub use secret::Secret;

@@ -14,6 +14,7 @@ use basin_connectors::iceberg::{
     IcebergMergeNode, IcebergProcedure, Procedure, TableOptions, TableVersion, VERSION_MARKER,
     create_table_text, namespace_ident, parse_timestamp,
 };
+use basin_core::sandbox::Sandbox;
 use datafusion::catalog::CatalogProvider;
 use datafusion::common::ResolvedTableReference;
 use datafusion::error::{DataFusionError, Result};
@@ -37,8 +38,53 @@ pub fn parse(sql: &str) -> Result<Vec<Statement>> {
     Ok(DFParser::parse_sql(&sql)?.into_iter().collect())
 }
 
-/// Plans one parsed statement.
+/// Plans one parsed statement. In a sandboxed session ([`Sandbox`], Flight SQL clients),
+/// a statement that names a location outside the sandbox fails here, before it runs.
 pub async fn plan(ctx: &SessionContext, statement: Statement) -> Result<LogicalPlan> {
+    let plan = plan_statement(ctx, statement).await?;
+    let sandbox = ctx.state_ref().read().config().get_extension::<Sandbox>();
+    if let Some(sandbox) = sandbox {
+        check_locations(&sandbox, &plan)?;
+    }
+    Ok(plan)
+}
+
+/// Checks the locations a statement writes or registers, wherever it sits in the plan
+/// (`EXPLAIN ANALYZE COPY …` runs the copy). Reads by `read_*()` are checked by the
+/// functions themselves, before they read.
+fn check_locations(sandbox: &Sandbox, plan: &LogicalPlan) -> Result<()> {
+    use datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
+    let check =
+        |what: &str, location: &str| sandbox.check(what, location).map_err(DataFusionError::Plan);
+    let check_table = |what: &str, location: &str| {
+        sandbox
+            .check_table_location(what, location)
+            .map_err(DataFusionError::Plan)
+    };
+    plan.apply(|node| {
+        match node {
+            LogicalPlan::Ddl(DdlStatement::CreateExternalTable(create)) => {
+                check("CREATE EXTERNAL TABLE", &create.location)?
+            }
+            LogicalPlan::Copy(copy) => check("COPY … TO", &copy.output_url)?,
+            LogicalPlan::Extension(e) => {
+                if let Some(location) = e
+                    .node
+                    .as_any()
+                    .downcast_ref::<IcebergCreateTable>()
+                    .and_then(|create| create.options.location.as_deref())
+                {
+                    check_table("CREATE TABLE … WITH (location)", location)?
+                }
+            }
+            _ => {}
+        }
+        Ok(TreeNodeRecursion::Continue)
+    })
+    .map(|_| ())
+}
+
+async fn plan_statement(ctx: &SessionContext, statement: Statement) -> Result<LogicalPlan> {
     if let Some(plan) = plan_iceberg_create_table(ctx, &statement).await? {
         return Ok(plan);
     }

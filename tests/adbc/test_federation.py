@@ -224,7 +224,7 @@ def test_time_limit_cancels_the_query_and_its_remote_statement(federation, shape
         "streamed": f"SELECT * FROM {table}",
         "job": f"SELECT s.id, n.n_name FROM {table} s JOIN tpch.tiny.nation n "
                "ON s.id = n.n_nationkey",
-        "statement": f"COPY (SELECT * FROM {table}) TO '{f['workdir']}/slow-{shape}.parquet'",
+        "statement": f"COPY (SELECT * FROM {table}) TO '{f['workdir']}/data/files/slow-{shape}.parquet'",
     }[shape]
     with fs.connect(f["url"], autocommit=True) as conn:
         with conn.cursor() as cur:

@@ -222,6 +222,11 @@ impl Cluster {
         }
     }
 
+    /// The processes' `--data-dir`.
+    pub(crate) fn data_dir(&self) -> std::path::PathBuf {
+        self.dir.join("data")
+    }
+
     pub(crate) fn scheduler_port(&self) -> u16 {
         self.scheduler_port
     }

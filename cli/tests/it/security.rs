@@ -299,3 +299,142 @@ fn a_cluster_on_the_network_needs_a_secret() {
     assert!(err.contains("[cluster] secret"), "{err}");
     assert!(err.contains("BASIN_CLUSTER_SECRET"), "{err}");
 }
+
+/// A Flight SQL user tries every way out of the file sandbox; each is refused before
+/// anything is read or written, and the same statements inside it work.
+#[test]
+fn sql_users_reach_only_the_sandbox() {
+    let root = scratch_dir("sandbox");
+    let allowed = root.join("allowed");
+    let outside = root.join("outside");
+    std::fs::create_dir_all(&allowed).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("secret.csv"), "a,b\n1,private\n").unwrap();
+    std::fs::write(allowed.join("ok.csv"), "a,b\n1,fine\n").unwrap();
+    std::os::unix::fs::symlink(&outside, allowed.join("link")).unwrap();
+    let config = format!(
+        "[server]\n[security]\nallowed_locations = [\"{}\"]\n",
+        allowed.display()
+    );
+    let cluster = Cluster::start_with(1, &config);
+    let data = cluster.data_dir();
+    let (a, o, d) = (allowed.display(), outside.display(), data.display());
+
+    // Inside: read, write, register, read back.
+    cluster.expect(
+        &format!("SELECT b FROM read_csv('{a}/ok.csv')"),
+        "b\nfine\n",
+    );
+    cluster.expect(
+        &format!("COPY (SELECT 7 AS n) TO '{a}/out.csv' STORED AS CSV"),
+        "count\n1\n",
+    );
+    cluster.expect(
+        &format!(
+            "CREATE EXTERNAL TABLE mine STORED AS CSV LOCATION '{a}/out.csv' \
+             OPTIONS ('format.has_header' 'true'); SELECT n FROM mine"
+        ),
+        "n\n7\n",
+    );
+    cluster.expect(
+        &format!("COPY (SELECT 8 AS n) TO '{d}/files/mine.csv' STORED AS CSV"),
+        "count\n1\n",
+    );
+
+    for (statement, why) in [
+        (
+            "SELECT * FROM read_csv('/etc/passwd')".to_string(),
+            "outside",
+        ),
+        (
+            format!("SELECT * FROM read_csv('{o}/secret.csv')"),
+            "outside",
+        ),
+        (
+            format!("SELECT * FROM read_csv('file://{o}/secret.csv')"),
+            "outside",
+        ),
+        (
+            format!("SELECT * FROM read_csv('{a}/../outside/secret.csv')"),
+            "outside",
+        ),
+        (
+            format!("SELECT * FROM read_csv('{a}/%2e%2e/outside/secret.csv')"),
+            "outside",
+        ),
+        (
+            format!("SELECT * FROM read_csv('{a}/link/secret.csv')"),
+            "outside",
+        ),
+        (
+            format!("SELECT * FROM read_parquet('{a}*/x.parquet')"),
+            "outside",
+        ),
+        (
+            "SELECT * FROM read_parquet('s3://other-bucket/x/')".to_string(),
+            "outside",
+        ),
+        (
+            format!("CREATE EXTERNAL TABLE t STORED AS CSV LOCATION '{o}/'"),
+            "outside",
+        ),
+        (
+            "CREATE EXTERNAL TABLE t STORED AS PARQUET LOCATION 's3://other-bucket/t/'".to_string(),
+            "outside",
+        ),
+        (
+            "COPY (SELECT 1) TO '/root/x.csv' STORED AS CSV".to_string(),
+            "outside",
+        ),
+        (
+            format!("COPY (SELECT 1) TO '{o}/x.csv' STORED AS CSV"),
+            "outside",
+        ),
+        (
+            format!("COPY (SELECT 1) TO '{a}/link/x.csv' STORED AS CSV"),
+            "outside",
+        ),
+        (
+            format!("EXPLAIN ANALYZE COPY (SELECT 1) TO '{o}/y.csv' STORED AS CSV"),
+            "outside",
+        ),
+        (
+            format!("COPY (SELECT 1) TO '{d}/lake/x.csv' STORED AS CSV"),
+            "Basin's data directory",
+        ),
+        (
+            format!("COPY (SELECT 1) TO '{d}/files/../x.csv' STORED AS CSV"),
+            "Basin's data directory",
+        ),
+        (
+            format!(
+                "CREATE SCHEMA IF NOT EXISTS lake.s; \
+                 CREATE TABLE lake.s.t (a INT) WITH (location = '{o}/t')"
+            ),
+            "outside",
+        ),
+    ] {
+        let out = cluster.sql(&statement);
+        let err = crate::stderr(&out);
+        assert!(
+            !out.status.success(),
+            "{statement}: {}",
+            crate::stdout(&out)
+        );
+        assert!(err.contains(why), "{statement}: {err}");
+        assert!(
+            err.contains("allowed_locations")
+                || err.contains("user area")
+                || err.contains("`files/`"),
+            "{statement}: {err}"
+        );
+        assert!(
+            !err.contains("private"),
+            "{statement} leaked the file: {err}"
+        );
+    }
+    assert!(!outside.join("x.csv").exists());
+    assert!(!outside.join("y.csv").exists());
+    assert!(!data.join("lake/x.csv").exists());
+    assert!(!data.join("x.csv").exists());
+}

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use basin_core::sandbox::Sandbox;
 use datafusion::catalog::{TableFunctionImpl, TableProvider};
 use datafusion::common::ScalarValue;
 use datafusion::datasource::file_format::FileFormat;
@@ -48,12 +49,26 @@ impl FileKind {
 pub struct ReadFilesFunction {
     kind: FileKind,
     runtime: Arc<RuntimeEnv>,
+    /// Where the session's user may read (none: anywhere the process can).
+    sandbox: Option<Arc<Sandbox>>,
 }
 
 impl ReadFilesFunction {
     /// Creates the function; `runtime` provides the object stores used to find the files.
     pub fn new(kind: FileKind, runtime: Arc<RuntimeEnv>) -> Self {
-        Self { kind, runtime }
+        Self {
+            kind,
+            runtime,
+            sandbox: None,
+        }
+    }
+
+    /// The function, reading only inside `sandbox`.
+    pub fn sandboxed(self, sandbox: Arc<Sandbox>) -> Self {
+        Self {
+            sandbox: Some(sandbox),
+            ..self
+        }
     }
 
     async fn open(&self, state: SessionState, path: String) -> Result<Arc<dyn TableProvider>> {
@@ -97,6 +112,10 @@ impl TableFunctionImpl for ReadFilesFunction {
                 )));
             }
         };
+        // Checked before anything is read (the schema is inferred from the files).
+        if let Some(sandbox) = &self.sandbox {
+            sandbox.check(name, &path).map_err(DataFusionError::Plan)?;
+        }
         let state = SessionStateBuilder::new()
             .with_default_features()
             .with_runtime_env(self.runtime.clone())

@@ -34,6 +34,8 @@ pub struct SessionFactory {
     config: Arc<BasinConfig>,
     scheduler_url: String,
     cluster: ClusterView,
+    /// Where the clients' SQL may read and write files ([security] allowed_locations).
+    sandbox: Arc<basin_core::sandbox::Sandbox>,
 }
 
 impl SessionFactory {
@@ -65,14 +67,16 @@ impl SessionFactory {
         )
     }
 
-    /// A new front-end session.
+    /// A new front-end session, its files confined to the sandbox.
     pub fn connect(&self, task_slots: usize) -> datafusion::error::Result<SessionContext> {
-        crate::frontend::connect(
+        let ctx = crate::frontend::connect(
             &self.config,
             &self.scheduler_url,
             task_slots,
             Some(self.cluster.clone()),
-        )
+        )?;
+        basin_connectors::catalogs::sandbox_session(&ctx, self.sandbox.clone());
+        Ok(ctx)
     }
 }
 
@@ -124,10 +128,13 @@ pub async fn serve(
     }
     let registry = Arc::new(state::Registry::default());
     let idle = Duration::from_secs(options.session_idle_seconds.max(1));
+    let sandbox =
+        basin_core::sandbox::Sandbox::from_config(&config).map_err(BasinError::Invalid)?;
     let factory = Arc::new(SessionFactory {
         config: config.clone(),
         scheduler_url,
         cluster,
+        sandbox: Arc::new(sandbox),
     });
     let service = BasinFlightSqlService::new(factory, registry.clone(), users, idle);
     let mut builder = Server::builder();
