@@ -221,6 +221,10 @@ pub struct SecurityConfig {
     /// `location` options of Flight SQL clients may use, besides the data directory and the
     /// Iceberg warehouses. Default: every bucket of `[storage.s3]` when it is configured.
     pub allowed_locations: Option<Vec<String>>,
+    /// Authorization rules for Flight SQL users (JSON when the name ends in `.json`, else
+    /// TOML), read again when the file changes; without it every user may do everything.
+    #[serde(deserialize_with = "env_path_opt")]
+    pub rules_file: Option<PathBuf>,
 }
 
 /// Whether `host` names only this machine.

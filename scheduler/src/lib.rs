@@ -10,6 +10,7 @@
 //!  one-stage queries ─► streamed::StreamedStageExec ─► executors stream batches back
 //! ```
 
+pub mod access;
 pub mod aggregate_statistics;
 pub mod distinct;
 pub mod empty_projections;

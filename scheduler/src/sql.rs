@@ -46,6 +46,20 @@ pub async fn plan(ctx: &SessionContext, statement: Statement) -> Result<LogicalP
     if let Some(sandbox) = sandbox {
         check_locations(&sandbox, &plan)?;
     }
+    let access = ctx
+        .state_ref()
+        .read()
+        .config()
+        .get_extension::<crate::access::SessionAccess>();
+    if let Some(access) = access {
+        let state = ctx.state();
+        let options = &state.config_options().catalog;
+        crate::access::check_plan(
+            &access,
+            &plan,
+            (&options.default_catalog, &options.default_schema),
+        )?;
+    }
     Ok(plan)
 }
 

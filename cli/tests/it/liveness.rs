@@ -242,6 +242,14 @@ impl Cluster {
             .run_within()
     }
 
+    /// Runs `sql` as `user` (password from BASIN_PASSWORD), results as CSV.
+    pub(crate) fn sql_as(&self, user: &str, password: &str, sql: &str) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_basin"))
+            .args(["sql", &self.url(), "-u", user, "--format", "csv", "-e", sql])
+            .env("BASIN_PASSWORD", password)
+            .run_within()
+    }
+
     /// Runs `sql`, which must return `expected`, and says how long it took.
     pub(crate) fn expect(&self, sql: &str, expected: &str) -> Duration {
         let start = Instant::now();

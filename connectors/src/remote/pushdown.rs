@@ -85,30 +85,53 @@ fn rewrite(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
             }
         }
     }
+    // A projection over a filter that stays (partly) in Basin — a text equality the source
+    // answers loosely: the source computes the projection too, over the rows of the pushed
+    // conjuncts, and the rest is checked above it (access rules' column masks: the clear
+    // value never leaves the source). Only when the filter reads nothing but columns the
+    // projection passes through.
+    if let LogicalPlan::Projection(p) = &plan
+        && let LogicalPlan::Filter(f) = p.input.as_ref()
+        && p.expr.iter().all(cannot_fail)
+        && f.predicate.column_refs().iter().all(|c| {
+            p.expr
+                .iter()
+                .any(|e| matches!(e, Expr::Column(passed) if passed == *c))
+        })
+    {
+        let mut facts = Facts::new();
+        if let Some(source) = pushable(&f.input, &mut facts)
+            && let (Some(pushed), Some(rest)) = split_filter(f, &facts, &source)
+        {
+            let below = LogicalPlan::Filter(Filter::try_new(pushed, f.input.clone())?);
+            let inner =
+                LogicalPlan::Projection(Projection::try_new(p.expr.clone(), Arc::new(below))?);
+            // The projection's expressions must be the source's to compute (the filter's
+            // were chosen by split_filter).
+            if p.expr
+                .iter()
+                .all(|e| expr_ok(e, f.input.schema(), &facts, &source))
+                && let Ok(replaced) = push(&inner, &source)
+            {
+                return Ok(Transformed::yes(LogicalPlan::Filter(Filter::try_new(
+                    rest,
+                    Arc::new(replaced),
+                )?)));
+            }
+        }
+    }
     // A filter whose predicate is only partly pushable: push the pushable conjuncts.
     if let LogicalPlan::Filter(f) = &plan {
         let mut facts = Facts::new();
-        if let Some(source) = pushable(&f.input, &mut facts) {
-            let schema = f.input.schema();
-            let (yes, no): (Vec<&Expr>, Vec<&Expr>) = split_conjunction(&f.predicate)
-                .into_iter()
-                .partition(|e| expr_ok(e, schema, &facts, &source));
-            // Text equalities the source answers loosely (padding, case) are pushed to cut
-            // what it sends, and stay in Basin's filter to keep the answer exact.
-            let superset = no
-                .iter()
-                .copied()
-                .filter(|e| superset_ok(e, schema, &facts, &source));
-            let pushed = yes.into_iter().chain(superset).cloned();
-            if let (Some(pushed), false) = (conjunction(pushed), no.is_empty()) {
-                let inner = LogicalPlan::Filter(Filter::try_new(pushed, f.input.clone())?);
-                if let Ok(replaced) = push(&inner, &source) {
-                    let rest = conjunction(no.into_iter().cloned()).expect("not empty");
-                    return Ok(Transformed::yes(LogicalPlan::Filter(Filter::try_new(
-                        rest,
-                        Arc::new(replaced),
-                    )?)));
-                }
+        if let Some(source) = pushable(&f.input, &mut facts)
+            && let (Some(pushed), Some(rest)) = split_filter(f, &facts, &source)
+        {
+            let inner = LogicalPlan::Filter(Filter::try_new(pushed, f.input.clone())?);
+            if let Ok(replaced) = push(&inner, &source) {
+                return Ok(Transformed::yes(LogicalPlan::Filter(Filter::try_new(
+                    rest,
+                    Arc::new(replaced),
+                )?)));
             }
         }
     }
@@ -122,6 +145,43 @@ fn rewrite(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
     }
     plan.map_children(rewrite)?
         .transform_data(|p| p.map_subqueries(rewrite))
+}
+
+/// Whether `e` gives a value for every row (no division, no cast, nothing volatile): it may
+/// be computed on rows an exact filter would have dropped.
+fn cannot_fail(e: &Expr) -> bool {
+    !e.is_volatile()
+        && !e
+            .exists(|x| {
+                Ok(matches!(
+                    x,
+                    Expr::Cast(_)
+                        | Expr::TryCast(_)
+                        | Expr::ScalarFunction(_)
+                        | Expr::BinaryExpr(BinaryExpr {
+                            op: Operator::Divide | Operator::Modulo,
+                            ..
+                        })
+                ))
+            })
+            .unwrap_or(true)
+}
+
+/// What of `f`'s predicate the source can take (its pushable conjuncts, and text
+/// equalities it answers loosely, which cut what it sends) and what Basin checks after it
+/// (the conjuncts that are not pushable, the loose ones again); `None` for an empty part.
+fn split_filter(f: &Filter, facts: &Facts, source: &RemoteSource) -> (Option<Expr>, Option<Expr>) {
+    let schema = f.input.schema();
+    let (yes, no): (Vec<&Expr>, Vec<&Expr>) = split_conjunction(&f.predicate)
+        .into_iter()
+        .partition(|e| expr_ok(e, schema, facts, source));
+    let superset = no
+        .iter()
+        .copied()
+        .filter(|e| superset_ok(e, schema, facts, source));
+    let pushed = conjunction(yes.into_iter().chain(superset).cloned());
+    let rest = conjunction(no.into_iter().cloned());
+    (pushed, rest)
 }
 
 /// `a` computed directly on `p`'s input (the projection's expressions substituted for its

@@ -1,6 +1,7 @@
 //! Users and bearer tokens for the Flight SQL endpoint.
 //!
-//! Users come from a file of `name:bcrypt-hash` lines (`#` starts a comment). A client
+//! Users come from a file of `name:bcrypt-hash[:group,group…]` lines (`#` starts a comment);
+//! the groups are what access rules (`[security] rules_file`) match `group` against. A client
 //! authenticates with HTTP Basic credentials in the Flight handshake and gets a bearer token,
 //! which every later call carries in `authorization: Bearer …`.
 
@@ -15,6 +16,7 @@ use basin_core::{BasinError, Result};
 #[derive(Debug, Default)]
 pub struct Users {
     hashes: HashMap<String, String>,
+    groups: HashMap<String, Vec<String>>,
 }
 
 impl Users {
@@ -24,18 +26,28 @@ impl Users {
             BasinError::Invalid(format!("cannot read users file {}: {e}", path.display()))
         })?;
         let mut hashes = HashMap::new();
+        let mut groups = HashMap::new();
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
-            let (user, hash) = line.split_once(':').ok_or_else(|| {
+            let (user, rest) = line.split_once(':').ok_or_else(|| {
                 BasinError::Invalid(format!(
-                    "users file {} line {}: expected `user:bcrypt-hash`",
+                    "users file {} line {}: expected `user:bcrypt-hash[:groups]`",
                     path.display(),
                     i + 1
                 ))
             })?;
+            // bcrypt hashes have no `:`; what follows one is the user's groups.
+            let (hash, member_of) = rest.split_once(':').unwrap_or((rest, ""));
+            let member_of: Vec<String> = member_of
+                .split(',')
+                .map(str::trim)
+                .filter(|g| !g.is_empty())
+                .map(str::to_string)
+                .collect();
+            groups.insert(user.trim().to_string(), member_of);
             if !hash.starts_with("$2") {
                 return Err(BasinError::Invalid(format!(
                     "users file {} line {}: the password of `{user}` is not a bcrypt hash \
@@ -52,7 +64,12 @@ impl Users {
                 path.display()
             )));
         }
-        Ok(Self { hashes })
+        Ok(Self { hashes, groups })
+    }
+
+    /// The groups of `user` (none for an unknown user).
+    pub fn groups(&self, user: &str) -> Vec<String> {
+        self.groups.get(user).cloned().unwrap_or_default()
     }
 
     /// Whether `password` is `user`'s password.
@@ -142,11 +159,18 @@ mod tests {
         let _removed = Removed(dir.clone());
         let file = dir.join("users");
         let hash = bcrypt::hash("pw", 4).unwrap();
-        std::fs::write(&file, format!("# users\nalice:{hash}\n")).unwrap();
+        std::fs::write(
+            &file,
+            format!("# users\nalice:{hash}\nbob:{hash}:analysts, eu\n"),
+        )
+        .unwrap();
         let users = Users::load(&file).unwrap();
         assert!(users.verify("alice", "pw"));
+        assert!(users.verify("bob", "pw"));
+        assert_eq!(users.groups("alice"), Vec::<String>::new());
+        assert_eq!(users.groups("bob"), ["analysts", "eu"]);
         assert!(!users.verify("alice", "nope"));
-        assert!(!users.verify("bob", "pw"));
+        assert!(!users.verify("carol", "pw"));
         std::fs::write(&file, "alice:plaintext\n").unwrap();
         assert!(
             Users::load(&file)

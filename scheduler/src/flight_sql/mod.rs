@@ -36,6 +36,8 @@ pub struct SessionFactory {
     cluster: ClusterView,
     /// Where the clients' SQL may read and write files ([security] allowed_locations).
     sandbox: Arc<basin_core::sandbox::Sandbox>,
+    /// What each user may see and change ([security] rules_file).
+    access: Option<Arc<crate::access::AccessControl>>,
 }
 
 impl SessionFactory {
@@ -67,8 +69,13 @@ impl SessionFactory {
         )
     }
 
-    /// A new front-end session, its files confined to the sandbox.
-    pub fn connect(&self, task_slots: usize) -> datafusion::error::Result<SessionContext> {
+    /// A new front-end session of `subject`, its files confined to the sandbox and what it
+    /// sees and may change to the access rules.
+    pub fn connect(
+        &self,
+        task_slots: usize,
+        subject: crate::access::Subject,
+    ) -> datafusion::error::Result<SessionContext> {
         let ctx = crate::frontend::connect(
             &self.config,
             &self.scheduler_url,
@@ -76,7 +83,20 @@ impl SessionFactory {
             Some(self.cluster.clone()),
         )?;
         basin_connectors::catalogs::sandbox_session(&ctx, self.sandbox.clone());
-        Ok(ctx)
+        let Some(control) = &self.access else {
+            return Ok(ctx);
+        };
+        let access = Arc::new(crate::access::SessionAccess {
+            control: control.clone(),
+            subject,
+        });
+        let state = ctx.state();
+        let guarded = access.guard(state.catalog_list().clone());
+        let mut state = datafusion::execution::SessionStateBuilder::new_from_existing(state)
+            .with_catalog_list(guarded)
+            .build();
+        state.config_mut().set_extension(access);
+        Ok(SessionContext::new_with_state(state))
     }
 }
 
@@ -135,6 +155,10 @@ pub async fn serve(
         scheduler_url,
         cluster,
         sandbox: Arc::new(sandbox),
+        access: match &config.security.rules_file {
+            Some(path) => Some(Arc::new(crate::access::AccessControl::load(path)?)),
+            None => None,
+        },
     });
     let service = BasinFlightSqlService::new(factory, registry.clone(), users, idle);
     let mut builder = Server::builder();

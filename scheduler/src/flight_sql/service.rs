@@ -79,6 +79,12 @@ impl BasinFlightSqlService {
 
     /// Authenticates the caller and returns its session key.
     fn caller<T>(&self, request: &Request<T>) -> Result<String, Status> {
+        self.caller_and_user(request).map(|(key, _)| key)
+    }
+
+    /// Authenticates the caller: its session key and its user (`anonymous` for a loopback
+    /// client of a server without users).
+    fn caller_and_user<T>(&self, request: &Request<T>) -> Result<(String, String), Status> {
         let bearer = request
             .metadata()
             .get("authorization")
@@ -90,7 +96,7 @@ impl BasinFlightSqlService {
             .map(str::trim);
         if let Some(token) = bearer {
             return match self.tokens.user(token, self.token_ttl) {
-                Some(_) => Ok(format!("token:{token}")),
+                Some(user) => Ok((format!("token:{token}"), user)),
                 None => Err(Status::unauthenticated(
                     "the bearer token is unknown or expired: authenticate again",
                 )),
@@ -102,7 +108,9 @@ impl BasinFlightSqlService {
             ));
         }
         match request.remote_addr() {
-            Some(addr) if addr.ip().is_loopback() => Ok(format!("conn:{addr}")),
+            Some(addr) if addr.ip().is_loopback() => {
+                Ok((format!("conn:{addr}"), "anonymous".to_string()))
+            }
             Some(addr) => Err(Status::unauthenticated(format!(
                 "anonymous clients may only connect from loopback, not {}; configure \
                  [flight_sql] users_file to allow remote clients",
@@ -115,12 +123,18 @@ impl BasinFlightSqlService {
     }
 
     async fn session<T>(&self, request: &Request<T>) -> Result<(String, Arc<Session>), Status> {
-        let key = self.caller(request)?;
+        let (key, user) = self.caller_and_user(request)?;
         let slots = self.sessions.task_slots().await;
         let factory = self.sessions.clone();
+        let groups = self
+            .users
+            .as_ref()
+            .map(|u| u.groups(&user))
+            .unwrap_or_default();
+        let subject = crate::access::Subject { user, groups };
         let session = self
             .registry
-            .session(&key, || factory.connect(slots))
+            .session(&key, || factory.connect(slots, subject))
             .map_err(to_status)?;
         if self.sessions.follows_task_slots() {
             session.follow_task_slots(slots);
