@@ -225,6 +225,10 @@ pub struct SecurityConfig {
     /// TOML), read again when the file changes; without it every user may do everything.
     #[serde(deserialize_with = "env_path_opt")]
     pub rules_file: Option<PathBuf>,
+    /// A file the scheduler appends one JSON line to per statement of a Flight SQL client
+    /// (time, user, client, statement, tables read and written, rows, outcome, duration).
+    #[serde(deserialize_with = "env_path_opt")]
+    pub audit_log: Option<PathBuf>,
 }
 
 /// Whether `host` names only this machine.

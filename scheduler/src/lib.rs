@@ -12,6 +12,7 @@
 
 pub mod access;
 pub mod aggregate_statistics;
+pub mod audit;
 pub mod distinct;
 pub mod empty_projections;
 mod exchange;

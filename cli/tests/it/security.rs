@@ -470,10 +470,13 @@ columns = [{ name = "ssn", allow = false }, { name = "email", mask = "'***' || s
         )
     };
     std::fs::write(&rules, rules_text("")).unwrap();
+    let audit = dir.join("audit").join("audit.jsonl");
     let config = format!(
-        "[server]\n[flight_sql]\nusers_file = \"{}\"\n[security]\nrules_file = \"{}\"\n",
+        "[server]\n[flight_sql]\nusers_file = \"{}\"\n[security]\nrules_file = \"{}\"\n\
+         audit_log = \"{}\"\n",
         dir.join("users").display(),
-        rules.display()
+        rules.display(),
+        audit.display()
     );
     let cluster = Cluster::start_with(1, &config);
     let run = |user: &str, sql: &str| {
@@ -581,6 +584,42 @@ columns = [{ name = "ssn", allow = false }, { name = "email", mask = "'***' || s
         "SELECT ssn FROM lake.hr.people WHERE id = 2",
         "ssn\n123-45-0002\n",
     );
+
+    // The audit log: a line per statement, with who, what, how many rows and how it ended.
+    let lines = std::fs::read_to_string(&audit).expect("the audit log");
+    let line = |user: &str, statement: &str| {
+        lines
+            .lines()
+            .find(|l| {
+                l.contains(&format!("\"user\":\"{user}\""))
+                    && l.contains(&format!("\"statement\":\"{statement}"))
+            })
+            .unwrap_or_else(|| panic!("no line of {user} for {statement}:\n{lines}"))
+            .to_string()
+    };
+    let select = line("alice", "SELECT * FROM lake.hr.people ORDER BY id");
+    for part in [
+        "\"read\":[\"lake.hr.people\"]",
+        "\"rows\":2",
+        "\"outcome\":\"ok\"",
+        "\"client\":\"127.0.0.1:",
+        "\"duration_ms\":",
+        "\"time\":\"20",
+    ] {
+        assert!(select.contains(part), "{part} in {select}");
+    }
+    let insert = line("admin", "INSERT INTO lake.hr.people VALUES");
+    assert!(
+        insert.contains("\"written\":[\"lake.hr.people\"]") && insert.contains("\"rows\":3"),
+        "{insert}"
+    );
+    let denied = line("alice", "DROP TABLE lake.hr.people");
+    assert!(
+        denied.contains("\"outcome\":\"error\"") && denied.contains("access denied"),
+        "{denied}"
+    );
+    let hidden = line("alice", "SELECT * FROM lake.hr.salaries");
+    assert!(hidden.contains("\"outcome\":\"error\""), "{hidden}");
 }
 
 /// A row filter and a column mask on PostgreSQL and MariaDB tables travel in the SQL the
@@ -684,4 +723,82 @@ fn filters_and_masks_are_pushed_into_the_sources() {
             "{catalog}: a denied column was read:\n{query}"
         );
     }
+}
+
+/// A statement's handle belongs to the session that made it: another user can neither
+/// fetch its rows nor cancel it.
+#[test]
+fn another_users_statement_is_not_theirs() {
+    use arrow_flight::sql::client::FlightSqlServiceClient;
+    use futures::TryStreamExt;
+    let dir = scratch_dir("handles");
+    let hash = bcrypt::hash("pw", 4).unwrap();
+    std::fs::write(dir.join("users"), format!("alice:{hash}\nbob:{hash}\n")).unwrap();
+    let config = format!(
+        "[server]\n[flight_sql]\nusers_file = \"{}\"\n",
+        dir.join("users").display()
+    );
+    let cluster = Cluster::start_with(1, &config);
+    let port: u16 = cluster
+        .url()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap();
+    runtime().block_on(async {
+        let login = |user: &'static str| async move {
+            let mut client = FlightSqlServiceClient::new(channel(port, None).await);
+            client.handshake(user, "pw").await.expect("login");
+            client
+        };
+        let mut alice = login("alice").await;
+        let mut bob = login("bob").await;
+        let info = alice
+            .execute("SELECT count(*) AS n FROM tpch.tiny.nation".into(), None)
+            .await
+            .expect("alice's statement");
+        let ticket = info.endpoint[0].ticket.clone().expect("a ticket");
+
+        // bob fetches alice's rows: refused.
+        let stolen = match bob.do_get(ticket.clone()).await {
+            Ok(stream) => stream.try_collect::<Vec<_>>().await.map(|b| b.len()),
+            Err(e) => Err(e),
+        };
+        assert!(stolen.is_err(), "bob read alice's statement: {stolen:?}");
+        // bob cancels it: nothing happens.
+        let request = arrow_flight::CancelFlightInfoRequest {
+            info: Some(info.clone()),
+        };
+        let mut raw = FlightServiceClient::new(channel(port, None).await);
+        let mut action = tonic::Request::new(arrow_flight::Action::new(
+            "CancelFlightInfo",
+            request.encode_to_vec(),
+        ));
+        let token = bob.token().cloned().expect("bob's token");
+        action
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        let mut results = raw
+            .do_action(action)
+            .await
+            .expect("cancel answered")
+            .into_inner();
+        let result = results.message().await.unwrap().expect("a result");
+        let status = arrow_flight::CancelFlightInfoResult::decode(result.body).unwrap();
+        assert_eq!(
+            status.status,
+            arrow_flight::CancelStatus::NotCancellable as i32,
+            "bob cancelled alice's statement"
+        );
+        // alice still reads her rows.
+        let batches: Vec<_> = alice
+            .do_get(ticket)
+            .await
+            .expect("alice's rows")
+            .try_collect()
+            .await
+            .expect("alice's rows");
+        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        assert_eq!(rows, 1);
+    });
 }

@@ -38,9 +38,16 @@ pub struct SessionFactory {
     sandbox: Arc<basin_core::sandbox::Sandbox>,
     /// What each user may see and change ([security] rules_file).
     access: Option<Arc<crate::access::AccessControl>>,
+    /// One line per statement ([security] audit_log).
+    audit: Option<Arc<crate::audit::AuditLog>>,
 }
 
 impl SessionFactory {
+    /// The audit log, when `[security] audit_log` is set.
+    pub fn audit_log(&self) -> Option<Arc<crate::audit::AuditLog>> {
+        self.audit.clone()
+    }
+
     /// Total task slots of the registered executors (at least 1).
     pub async fn task_slots(&self) -> usize {
         self.cluster.task_slots().await.max(1)
@@ -157,6 +164,10 @@ pub async fn serve(
         sandbox: Arc::new(sandbox),
         access: match &config.security.rules_file {
             Some(path) => Some(Arc::new(crate::access::AccessControl::load(path)?)),
+            None => None,
+        },
+        audit: match &config.security.audit_log {
+            Some(path) => Some(Arc::new(crate::audit::AuditLog::open(path)?)),
             None => None,
         },
     });

@@ -25,6 +25,9 @@ use arrow_flight::{
     FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse, IpcMessage,
     SchemaAsIpc, Ticket,
 };
+use std::sync::atomic::Ordering as AtomicOrdering;
+
+use crate::audit::Audited;
 use datafusion::arrow::array::{ArrayRef, RecordBatch, UInt64Array};
 use datafusion::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use datafusion::arrow::ipc::writer::IpcWriteOptions;
@@ -142,6 +145,18 @@ impl BasinFlightSqlService {
         Ok((key, session))
     }
 
+    /// An audit line for `sql` sent by the caller of `request`, when the audit log is on.
+    fn audit<T>(&self, request: &Request<T>, sql: &str) -> Option<Audited> {
+        let log = self.sessions.audit_log()?;
+        let user = self
+            .caller_and_user(request)
+            .map_or_else(|_| "unknown".to_string(), |(_, user)| user);
+        let client = request
+            .remote_addr()
+            .map_or_else(|| "unknown".to_string(), |a| a.to_string());
+        Some(Audited::new(log, &user, &client, sql))
+    }
+
     /// Plans SQL text, its `?` parameters numbered; with the parsed statement it was planned
     /// from (`None` for `USE`, which runs here).
     async fn plan(
@@ -240,11 +255,32 @@ impl BasinFlightSqlService {
             .with_ordered(true))
     }
 
-    /// Runs a stored statement and streams its result.
-    async fn run_statement(
+    /// Runs a stored statement and streams its result; its audit line (the one made when a
+    /// query was sent, or a new one for each execution of a prepared statement) is written
+    /// when the result ends.
+    async fn run_statement<T>(
+        &self,
+        request: &Request<T>,
+        key: &str,
+        handle: &str,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let stored = self
+            .registry
+            .with_statement(handle, key, |s| (s.audit.take(), s.prepared, s.sql.clone()));
+        let mut audit = match stored {
+            Some((Some(audit), _, _)) => Some(audit),
+            Some((None, true, sql)) => self.audit(request, &sql),
+            _ => None,
+        };
+        let run = self.run_stored(key, handle, &mut audit).await;
+        audited(&mut audit, run)
+    }
+
+    async fn run_stored(
         &self,
         key: &str,
         handle: &str,
+        audit: &mut Option<Audited>,
     ) -> Result<Response<DoGetStream>, Status> {
         let (plan, again, params, prepared, done) = self
             .registry
@@ -267,6 +303,11 @@ impl BasinFlightSqlService {
             if !prepared {
                 self.registry.remove_statement(handle, key);
             }
+            if let Some(mut audit) = audit.take() {
+                audit.objects(&plan);
+                audit.rows(affected_rows(&batches).max(0) as u64);
+                audit.ended(Ok(()));
+            }
             let schema = annotate_schema(plan.schema());
             let stream = FlightDataEncoderBuilder::new()
                 .with_schema(schema)
@@ -279,6 +320,9 @@ impl BasinFlightSqlService {
         });
         let session = session.map_err(to_status)?;
         let plan = self.replan(&session, plan, again).await?;
+        if let Some(audit) = audit.as_mut() {
+            audit.objects(&plan);
+        }
         // Name the Ballista job after the statement so a cancel can find and stop it, and
         // the end of its result can remove its shuffle files.
         name_next_jobs(&session, handle);
@@ -315,12 +359,18 @@ impl BasinFlightSqlService {
             jobs: Some((self.sessions.clone(), started_ms)),
         };
         let abandon = Some((self.sessions.clone(), handle.to_string()));
+        let mut audit = audit.take();
+        let rows = audit.as_mut().map(Audited::row_counter);
         let flight: DoGetStream = match started {
             Started::Batches(stream) => {
                 let schema = stream.schema();
                 let batches = Cancellable::new(stream, registration, abandon, cleanup)
+                    .audited(audit)
                     .map_err(|e| FlightError::Tonic(Box::new(to_status(e))))
-                    .map_ok(|batch| {
+                    .map_ok(move |batch| {
+                        if let Some(rows) = &rows {
+                            rows.fetch_add(batch.num_rows() as u64, AtomicOrdering::Relaxed);
+                        }
                         futures::stream::iter(split_for_flight(batch).into_iter().map(Ok))
                     })
                     .try_flatten();
@@ -334,7 +384,14 @@ impl BasinFlightSqlService {
                 )
             }
             Started::Relayed(messages) => Box::pin(
-                Cancellable::new(messages, registration, abandon, cleanup).map_err(to_status),
+                Cancellable::new(messages, registration, abandon, cleanup)
+                    .audited(audit)
+                    .inspect_ok(move |message| {
+                        if let Some(rows) = &rows {
+                            rows.fetch_add(rows_of(message), AtomicOrdering::Relaxed);
+                        }
+                    })
+                    .map_err(to_status),
             ),
         };
         let flight: DoGetStream = match limit {
@@ -486,6 +543,8 @@ impl Drop for Cleanup {
 struct Cancellable<S> {
     inner: Abortable<S>,
     done: bool,
+    /// Written when the stream ends (as abandoned if it is dropped before).
+    audit: Option<Audited>,
     /// The job to cancel if the stream is dropped before it ended (all batches, an error
     /// or a cancel); `None` once it ended.
     abandon: Option<(Arc<SessionFactory>, String)>,
@@ -502,8 +561,20 @@ impl<S> Cancellable<S> {
         Self {
             inner: Abortable::new(inner, registration),
             done: false,
+            audit: None,
             abandon,
             _cleanup: cleanup,
+        }
+    }
+
+    fn audited(mut self, audit: Option<Audited>) -> Self {
+        self.audit = audit;
+        self
+    }
+
+    fn end(&mut self, outcome: std::result::Result<(), String>) {
+        if let Some(mut audit) = self.audit.take() {
+            audit.ended(outcome);
         }
     }
 }
@@ -535,13 +606,20 @@ where
                 tracing::debug!("result stream cancelled");
                 self.done = true;
                 self.abandon = None;
+                self.end(Err("the query was cancelled".to_string()));
                 Poll::Ready(Some(Err(DataFusionError::Execution(
                     "the query was cancelled".to_string(),
                 ))))
             }
-            end @ (Poll::Ready(None) | Poll::Ready(Some(Err(_)))) => {
+            Poll::Ready(None) => {
                 self.abandon = None;
-                end
+                self.end(Ok(()));
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Err(e))) => {
+                self.abandon = None;
+                self.end(Err(e.message().into_owned()));
+                Poll::Ready(Some(Err(e)))
             }
             other => other,
         }
@@ -822,13 +900,32 @@ impl FlightSqlService for BasinFlightSqlService {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let (key, session) = self.session(&request).await?;
-        let (plan, _) = self.plan(&session, &query.query).await?;
-        // A statement with parameters needs values: prepare it and bind them.
-        let plan = bind(plan, None)?;
+        let mut audit = self.audit(&request, &query.query);
+        let planned = async {
+            let (plan, _) = self.plan(&session, &query.query).await?;
+            // A statement with parameters needs values: prepare it and bind them.
+            let plan = bind(plan, None)?;
+            if let Some(audit) = &mut audit {
+                audit.objects(&plan);
+            }
+            let result = self.run_if_not_query(&session, &plan, None).await?;
+            Ok::<_, Status>((plan, result))
+        }
+        .await;
+        let (plan, result) = audited(&mut audit, planned)?;
+        // A change has run: its line is written now; a query's when its rows are read.
+        let audit = match (&result, audit) {
+            (Some(batches), Some(mut audit)) => {
+                audit.rows(affected_rows(batches).max(0) as u64);
+                audit.ended(Ok(()));
+                None
+            }
+            (_, audit) => audit,
+        };
         let schema = annotate_schema(plan.schema());
-        let result = self.run_if_not_query(&session, &plan, None).await?;
         let mut statement = Statement::new(key, query.query, plan, false);
         statement.result = result;
+        statement.audit = audit;
         let handle = self.registry.put_statement(statement);
         let ticket = TicketStatementQuery {
             statement_handle: handle.into_bytes().into(),
@@ -962,7 +1059,7 @@ impl FlightSqlService for BasinFlightSqlService {
     ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
         let key = self.caller(&request)?;
         let handle = bad_handle(&ticket.statement_handle)?;
-        self.run_statement(&key, &handle).await
+        self.run_statement(&request, &key, &handle).await
     }
 
     async fn do_get_prepared_statement(
@@ -972,7 +1069,7 @@ impl FlightSqlService for BasinFlightSqlService {
     ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
         let key = self.caller(&request)?;
         let handle = bad_handle(&query.prepared_statement_handle)?;
-        self.run_statement(&key, &handle).await
+        self.run_statement(&request, &key, &handle).await
     }
 
     async fn do_get_catalogs(
@@ -1157,8 +1254,19 @@ impl FlightSqlService for BasinFlightSqlService {
         request: Request<PeekableFlightDataStream>,
     ) -> Result<i64, Status> {
         let (_, session) = self.session(&request).await?;
-        let (plan, _) = self.plan(&session, &ticket.query).await?;
-        self.update_count(&session, plan, None).await
+        let mut audit = self.audit(&request, &ticket.query);
+        let done = async {
+            let (plan, _) = self.plan(&session, &ticket.query).await?;
+            if let Some(audit) = &mut audit {
+                audit.objects(&plan);
+            }
+            self.update_count(&session, plan, None).await
+        }
+        .await;
+        if let (Ok(count), Some(audit)) = (&done, &mut audit) {
+            audit.rows((*count).max(0) as u64);
+        }
+        audited(&mut audit, done)
     }
 
     async fn do_put_prepared_statement_query(
@@ -1192,23 +1300,38 @@ impl FlightSqlService for BasinFlightSqlService {
     ) -> Result<i64, Status> {
         let (key, session) = self.session(&request).await?;
         let handle = bad_handle(&query.prepared_statement_handle)?;
-        let rows = read_parameters(request.into_inner()).await?;
-        let (plan, again) = self
+        let sql = self
             .registry
-            .with_statement(&handle, &key, Statement::next_execution)
-            .ok_or_else(|| Status::not_found("unknown prepared statement (closed?)"))?;
-        let plan = self.replan(&session, plan, again).await?;
-        if rows.is_empty() {
-            return self.update_count(&session, plan, None).await;
+            .with_statement(&handle, &key, |s| s.sql.clone())
+            .unwrap_or_default();
+        let mut audit = self.audit(&request, &sql);
+        let rows = read_parameters(request.into_inner()).await?;
+        let done = async {
+            let (plan, again) = self
+                .registry
+                .with_statement(&handle, &key, Statement::next_execution)
+                .ok_or_else(|| Status::not_found("unknown prepared statement (closed?)"))?;
+            let plan = self.replan(&session, plan, again).await?;
+            if let Some(audit) = &mut audit {
+                audit.objects(&plan);
+            }
+            if rows.is_empty() {
+                return self.update_count(&session, plan, None).await;
+            }
+            // executemany: run once per parameter row.
+            let mut total = 0;
+            for params in rows {
+                total += self
+                    .update_count(&session, plan.clone(), Some(params))
+                    .await?;
+            }
+            Ok(total)
         }
-        // executemany: run once per parameter row.
-        let mut total = 0;
-        for params in rows {
-            total += self
-                .update_count(&session, plan.clone(), Some(params))
-                .await?;
+        .await;
+        if let (Ok(count), Some(audit)) = (&done, &mut audit) {
+            audit.rows((*count).max(0) as u64);
         }
-        Ok(total)
+        audited(&mut audit, done)
     }
 
     async fn do_action_create_prepared_statement(
@@ -1309,6 +1432,27 @@ async fn read_parameters(stream: PeekableFlightDataStream) -> Result<Vec<Values>
         }
     }
     Ok(rows)
+}
+
+/// Records how a statement ended on its audit line (if it has one).
+fn audited<T>(audit: &mut Option<Audited>, result: Result<T, Status>) -> Result<T, Status> {
+    if let Some(audit) = audit {
+        audit.ended(
+            result
+                .as_ref()
+                .map(|_| ())
+                .map_err(|s| s.message().to_string()),
+        );
+    }
+    result
+}
+
+/// The rows of a Flight message (0 for a schema or dictionary message).
+fn rows_of(message: &arrow_flight::FlightData) -> u64 {
+    datafusion::arrow::ipc::root_as_message(&message.data_header)
+        .ok()
+        .and_then(|m| m.header_as_record_batch())
+        .map_or(0, |b| b.length().max(0) as u64)
 }
 
 #[cfg(test)]

@@ -92,6 +92,9 @@ pub struct Statement {
     pub abort: Option<AbortHandle>,
     /// Result of a statement already run (DDL and DML run when planned).
     pub result: Option<Vec<datafusion::arrow::record_batch::RecordBatch>>,
+    /// The audit line of a query whose rows are still to be fetched: written when they
+    /// have been, or as abandoned when the statement goes unfetched.
+    pub audit: Option<crate::audit::Audited>,
 }
 
 impl Statement {
@@ -107,6 +110,7 @@ impl Statement {
             created: Instant::now(),
             abort: None,
             result: None,
+            audit: None,
         }
     }
 }
