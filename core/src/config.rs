@@ -329,6 +329,9 @@ pub struct FlightSqlConfig {
     pub tls_key: Option<PathBuf>,
     /// Seconds an idle session is kept.
     pub session_idle_seconds: u64,
+    /// Accept password logins over plain TCP from other machines (without TLS the password
+    /// crosses the network in the clear; refused by default).
+    pub allow_plaintext_passwords: bool,
 }
 
 impl Default for FlightSqlConfig {
@@ -339,6 +342,7 @@ impl Default for FlightSqlConfig {
             tls_cert: None,
             tls_key: None,
             session_idle_seconds: 3600,
+            allow_plaintext_passwords: false,
         }
     }
 }

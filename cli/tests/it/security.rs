@@ -25,7 +25,7 @@ use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::liveness::Cluster;
-use crate::scratch_dir;
+use crate::{RunWithin, scratch_dir};
 
 const SECRET: &str = "closed-cluster-test-secret";
 
@@ -801,4 +801,69 @@ fn another_users_statement_is_not_theirs() {
         let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
         assert_eq!(rows, 1);
     });
+}
+
+/// Password logins: repeated failures lock the client's address out for a while, and a
+/// password never crosses the network in the clear — over plain TCP only loopback clients
+/// may send one.
+#[test]
+fn logins_are_rate_limited_and_need_tls_from_other_machines() {
+    let dir = scratch_dir("logins");
+    let hash = bcrypt::hash("pw", 4).unwrap();
+    std::fs::write(dir.join("users"), format!("alice:{hash}\n")).unwrap();
+    // Every address of the machine, so that a client may come from a non-loopback one.
+    let config = format!(
+        "[server]\nbind_host = \"0.0.0.0\"\n[flight_sql]\nusers_file = \"{}\"\n",
+        dir.join("users").display()
+    );
+    let cluster = Cluster::start_with(1, &config);
+    let count = "SELECT count(*) AS n FROM tpch.tiny.region";
+    let out = cluster.sql_as("alice", "pw", count);
+    assert!(out.status.success(), "{}", crate::stderr(&out));
+
+    // From another address of this machine (when it has one): refused before any check.
+    let other = std::process::Command::new("hostname")
+        .arg("-I")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .find(|a| {
+                    a.parse::<std::net::Ipv4Addr>()
+                        .is_ok_and(|ip| !ip.is_loopback())
+                })
+                .map(str::to_string)
+        });
+    match other {
+        Some(ip) => {
+            let url = cluster.url().replace("127.0.0.1", &ip);
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_basin"))
+                .args(["sql", &url, "-u", "alice", "-e", count])
+                .env("BASIN_PASSWORD", "pw")
+                .run_within();
+            let err = crate::stderr(&out);
+            assert!(
+                !out.status.success(),
+                "a password over plain TCP from {ip} was taken"
+            );
+            assert!(
+                err.contains("plain TCP") && err.contains("tls_cert"),
+                "{err}"
+            );
+        }
+        None => eprintln!("no non-loopback address on this machine: plain-TCP refusal not tried"),
+    }
+
+    // Five wrong passwords from loopback: locked out, even with the right one.
+    for _ in 0..5 {
+        let out = cluster.sql_as("alice", "wrong", count);
+        assert!(crate::stderr(&out).contains("wrong user name or password"));
+    }
+    let out = cluster.sql_as("alice", "pw", count);
+    let err = crate::stderr(&out);
+    assert!(
+        !out.status.success() && err.contains("too many failed logins"),
+        "{err}"
+    );
 }

@@ -94,6 +94,66 @@ pub fn hash_password(password: &str) -> Result<String> {
         .map_err(|e| BasinError::Invalid(format!("cannot hash the password: {e}")))
 }
 
+/// Failed logins per client address: after [`LoginGuard::MAX_FAILURES`] within
+/// [`LoginGuard::WINDOW`], the address may not try again until the window is over plus
+/// [`LoginGuard::PENALTY`]. Bounded: addresses whose window is over are forgotten, and at
+/// most [`LoginGuard::MAX_ADDRESSES`] are tracked.
+#[derive(Debug, Default)]
+pub struct LoginGuard {
+    failures: Mutex<HashMap<std::net::IpAddr, (u32, Instant)>>,
+}
+
+impl LoginGuard {
+    pub const MAX_FAILURES: u32 = 5;
+    pub const WINDOW: Duration = Duration::from_secs(60);
+    pub const PENALTY: Duration = Duration::from_secs(60);
+    pub const MAX_ADDRESSES: usize = 100_000;
+
+    /// `Err(wait)` while `ip` may not try.
+    pub fn check(&self, ip: std::net::IpAddr) -> std::result::Result<(), Duration> {
+        let failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        match failures.get(&ip) {
+            Some((count, first)) if *count >= Self::MAX_FAILURES => {
+                let until = *first + Self::WINDOW + Self::PENALTY;
+                match until.checked_duration_since(Instant::now()) {
+                    Some(wait) if !wait.is_zero() => Err(wait),
+                    _ => Ok(()),
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A failed login from `ip`.
+    pub fn failed(&self, ip: std::net::IpAddr) {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        let over = Self::WINDOW + Self::PENALTY;
+        if failures.len() >= Self::MAX_ADDRESSES {
+            failures.retain(|_, (_, first)| now.duration_since(*first) < over);
+        }
+        if failures.len() >= Self::MAX_ADDRESSES {
+            return;
+        }
+        let entry = failures.entry(ip).or_insert((0, now));
+        if now.duration_since(entry.1) >= over {
+            *entry = (0, now);
+        }
+        entry.0 += 1;
+    }
+
+    /// A successful login from `ip`: its count starts again.
+    pub fn succeeded(&self, ip: std::net::IpAddr) {
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        if failures
+            .get(&ip)
+            .is_some_and(|(count, _)| *count < Self::MAX_FAILURES)
+        {
+            failures.remove(&ip);
+        }
+    }
+}
+
 /// Issued bearer tokens.
 #[derive(Debug, Default)]
 pub struct Tokens {
@@ -144,6 +204,28 @@ pub fn parse_basic(header: &str) -> Option<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn repeated_failed_logins_lock_the_address_out() {
+        let guard = LoginGuard::default();
+        let ip: std::net::IpAddr = "10.0.0.7".parse().unwrap();
+        let other: std::net::IpAddr = "10.0.0.8".parse().unwrap();
+        for _ in 0..LoginGuard::MAX_FAILURES - 1 {
+            guard.failed(ip);
+            assert!(guard.check(ip).is_ok());
+        }
+        guard.succeeded(ip);
+        for _ in 0..LoginGuard::MAX_FAILURES {
+            assert!(guard.check(ip).is_ok());
+            guard.failed(ip);
+        }
+        let wait = guard.check(ip).unwrap_err();
+        assert!(wait > LoginGuard::PENALTY && wait <= LoginGuard::WINDOW + LoginGuard::PENALTY);
+        // A success does not lift the lock; other addresses are not affected.
+        guard.succeeded(ip);
+        assert!(guard.check(ip).is_err());
+        assert!(guard.check(other).is_ok());
+    }
 
     #[test]
     fn users_file_and_tokens() {

@@ -171,7 +171,9 @@ pub async fn serve(
             None => None,
         },
     });
-    let service = BasinFlightSqlService::new(factory, registry.clone(), users, idle);
+    let tls = options.tls_cert.is_some() && options.tls_key.is_some();
+    let service = BasinFlightSqlService::new(factory, registry.clone(), users, idle)
+        .with_transport(tls, options.allow_plaintext_passwords);
     let mut builder = Server::builder();
     if let (Some(cert), Some(key)) = (&options.tls_cert, &options.tls_key) {
         let read = |p: &std::path::Path| {

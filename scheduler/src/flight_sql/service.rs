@@ -44,7 +44,7 @@ use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::SessionFactory;
-use super::auth::{Tokens, Users, parse_basic};
+use super::auth::{LoginGuard, Tokens, Users, parse_basic};
 use super::metadata::{SQL_INFO, XDBC_TYPES, annotate_schema};
 use super::params::{Parameters, Values, number_placeholders};
 use super::state::{Registry, Session, Statement};
@@ -61,6 +61,12 @@ pub struct BasinFlightSqlService {
     tokens: Arc<Tokens>,
     token_ttl: Duration,
     password_checks: tokio::sync::Semaphore,
+    /// Failed logins per client address.
+    logins: LoginGuard,
+    /// Whether the endpoint serves TLS.
+    tls: bool,
+    /// `[flight_sql] allow_plaintext_passwords`.
+    plaintext_passwords: bool,
 }
 
 impl BasinFlightSqlService {
@@ -77,7 +83,18 @@ impl BasinFlightSqlService {
             tokens: Arc::new(Tokens::default()),
             token_ttl,
             password_checks: tokio::sync::Semaphore::new(2),
+            logins: LoginGuard::default(),
+            tls: false,
+            plaintext_passwords: false,
         }
+    }
+
+    /// Whether the endpoint serves TLS, and whether password logins may come over plain
+    /// TCP from other machines anyway.
+    pub(crate) fn with_transport(mut self, tls: bool, plaintext_passwords: bool) -> Self {
+        self.tls = tls;
+        self.plaintext_passwords = plaintext_passwords;
+        self
     }
 
     /// Authenticates the caller and returns its session key.
@@ -853,6 +870,22 @@ impl FlightSqlService for BasinFlightSqlService {
             .and_then(parse_basic);
         let user = match (&self.users, basic) {
             (Some(users), Some((user, password))) => {
+                let client = request.remote_addr().map(|a| a.ip());
+                if let Some(ip) = client {
+                    if !self.tls && !self.plaintext_passwords && !ip.is_loopback() {
+                        return Err(Status::unauthenticated(format!(
+                            "password logins over plain TCP are refused from {ip}: the server \
+                             needs TLS ([flight_sql] tls_cert and tls_key), or an administrator \
+                             sets [flight_sql] allow_plaintext_passwords = true"
+                        )));
+                    }
+                    if let Err(wait) = self.logins.check(ip) {
+                        return Err(Status::unavailable(format!(
+                            "too many failed logins from {ip}: try again in {} s",
+                            wait.as_secs().max(1)
+                        )));
+                    }
+                }
                 // bcrypt is deliberately slow: keep it off the async workers, and let only a
                 // few checks run at once so a flood of logins cannot take every core.
                 let _permit = self
@@ -866,7 +899,13 @@ impl FlightSqlService for BasinFlightSqlService {
                     .await
                     .unwrap_or(false);
                 if !ok {
+                    if let Some(ip) = client {
+                        self.logins.failed(ip);
+                    }
                     return Err(Status::unauthenticated("wrong user name or password"));
+                }
+                if let Some(ip) = client {
+                    self.logins.succeeded(ip);
                 }
                 user
             }
