@@ -583,6 +583,108 @@ pub fn check_plan(
     .map(|_| ())
 }
 
+/// `SHOW GRANTS`: what the session's user may do with each table they can see — one row per
+/// table: catalog, schema, table, privileges, the row filter, the columns hidden from them
+/// and the masked ones. Without access rules every user may do everything.
+pub async fn show_grants(ctx: &SessionContext) -> Result<datafusion::logical_expr::LogicalPlan> {
+    use datafusion::arrow::datatypes::{DataType, Field, Schema};
+    let access = ctx
+        .state_ref()
+        .read()
+        .config()
+        .get_extension::<SessionAccess>();
+    let user = access
+        .as_ref()
+        .map_or_else(|| "anonymous".to_string(), |a| a.subject.user.clone());
+    let mut rows: Vec<[String; 8]> = Vec::new();
+    let mut catalogs = ctx.catalog_names();
+    catalogs.sort();
+    for catalog in catalogs {
+        let Some(provider) = ctx.catalog(&catalog) else {
+            continue;
+        };
+        let mut schemas = provider.schema_names();
+        schemas.sort();
+        for schema in schemas.into_iter().filter(|s| s != "information_schema") {
+            let Some(tables) = provider.schema(&schema) else {
+                continue;
+            };
+            let mut names = tables.table_names();
+            names.sort();
+            for table in names {
+                let grant = match &access {
+                    Some(access) => access.grant(&catalog, &schema, &table),
+                    None => Grant::all(),
+                };
+                if grant.privileges.is_empty() {
+                    continue;
+                }
+                let list = |pick: &dyn Fn(&ColumnRule) -> bool| {
+                    grant
+                        .columns
+                        .iter()
+                        .filter(|c| pick(c))
+                        .map(|c| c.name.clone())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                rows.push([
+                    user.clone(),
+                    catalog.clone(),
+                    schema.clone(),
+                    table,
+                    grant
+                        .privileges
+                        .iter()
+                        .map(|p| p.name())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    grant.filter.clone().unwrap_or_default(),
+                    list(&|c| !c.allow),
+                    list(&|c| c.allow && c.mask.is_some()),
+                ]);
+            }
+        }
+    }
+    let names = [
+        "user",
+        "table_catalog",
+        "table_schema",
+        "table_name",
+        "privileges",
+        "row_filter",
+        "hidden_columns",
+        "masked_columns",
+    ];
+    // A VALUES plan (no table to scan, so no privilege to check for it).
+    if rows.is_empty() {
+        let schema = Schema::new(
+            names
+                .iter()
+                .map(|n| Field::new(*n, DataType::Utf8, false))
+                .collect::<Vec<_>>(),
+        );
+        return Ok(datafusion::logical_expr::LogicalPlan::EmptyRelation(
+            datafusion::logical_expr::EmptyRelation {
+                produce_one_row: false,
+                schema: Arc::new(DFSchema::try_from(schema)?),
+            },
+        ));
+    }
+    let values: Vec<Vec<Expr>> = rows
+        .into_iter()
+        .map(|row| row.into_iter().map(datafusion::logical_expr::lit).collect())
+        .collect();
+    let columns: Vec<Expr> = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| col(format!("column{}", i + 1)).alias(*name))
+        .collect();
+    LogicalPlanBuilder::values(values)?
+        .project(columns)?
+        .build()
+}
+
 /// The table name without the time-travel suffix the parser put there.
 fn strip_version(table: &str) -> &str {
     table

@@ -281,6 +281,11 @@ async fn plan_show(ctx: &SessionContext, statement: &Statement) -> Result<Option
     let state = ctx.state();
     let options = state.config_options().clone();
     match inner.as_ref() {
+        SqlStatement::ShowVariable { variable }
+            if variable.len() == 1 && variable[0].value.eq_ignore_ascii_case("grants") =>
+        {
+            Ok(Some(crate::access::show_grants(ctx).await?))
+        }
         SqlStatement::ShowSchemas { show_options, .. } => {
             let catalog = match show_options
                 .show_in

@@ -545,6 +545,12 @@ columns = [{ name = "ssn", allow = false }, { name = "email", mask = "'***' || s
          ORDER BY ordinal_position",
         "column_name\nid\nregion\nemail\n",
     );
+    ok(
+        "alice",
+        "SHOW GRANTS",
+        "user,table_catalog,table_schema,table_name,privileges,row_filter,hidden_columns,\
+         masked_columns\nalice,lake,hr,people,SELECT,region = 'EU',ssn,email\n",
+    );
     refused("alice", "SELECT ssn FROM lake.hr.people", "ssn");
     refused("alice", "SELECT * FROM lake.hr.salaries", "salaries");
     refused("alice", "SELECT * FROM tpch.tiny.nation", "tpch");
