@@ -332,6 +332,36 @@ pub struct FlightSqlConfig {
     /// Accept password logins over plain TCP from other machines (without TLS the password
     /// crosses the network in the clear; refused by default).
     pub allow_plaintext_passwords: bool,
+    /// JWT bearer tokens from an identity provider (`[flight_sql.jwt]`).
+    pub jwt: Option<JwtConfig>,
+}
+
+/// `[flight_sql.jwt]`: bearer tokens an identity provider signs (docs/security.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JwtConfig {
+    /// The provider's public keys (a JWKS document) in a file...
+    #[serde(default, deserialize_with = "env_path_opt")]
+    pub jwks_file: Option<PathBuf>,
+    /// ... or at a URL (read at start, and again when a token names an unknown key).
+    #[serde(default, deserialize_with = "env_string_opt")]
+    pub jwks_url: Option<String>,
+    /// The `iss` tokens must have.
+    #[serde(default, deserialize_with = "env_string_opt")]
+    pub issuer: Option<String>,
+    /// An `aud` tokens must have.
+    #[serde(default, deserialize_with = "env_string_opt")]
+    pub audience: Option<String>,
+    /// The claim that names the user (default `sub`).
+    #[serde(default = "default_user_claim")]
+    pub user_claim: String,
+    /// A claim with the user's groups (a list or one string), for access rules.
+    #[serde(default)]
+    pub groups_claim: Option<String>,
+}
+
+fn default_user_claim() -> String {
+    "sub".to_string()
 }
 
 impl Default for FlightSqlConfig {
@@ -343,6 +373,7 @@ impl Default for FlightSqlConfig {
             tls_key: None,
             session_idle_seconds: 3600,
             allow_plaintext_passwords: false,
+            jwt: None,
         }
     }
 }

@@ -19,8 +19,8 @@ pub mod secret;
 
 pub use config::{
     BasinConfig, ByteSize, CatalogConfig, ClusterConfig, ExecutorConfig, FlightSqlConfig,
-    IcebergCatalogConfig, IcebergCatalogKind, MongoCollectionConfig, MongoSourceConfig, S3Config,
-    SecurityConfig, ServerConfig, SqlSourceConfig, StorageConfig, TlsMode,
+    IcebergCatalogConfig, IcebergCatalogKind, JwtConfig, MongoCollectionConfig, MongoSourceConfig,
+    S3Config, SecurityConfig, ServerConfig, SqlSourceConfig, StorageConfig, TlsMode,
 };
 pub use error::{BasinError, Result};
 pub use secret::Secret;

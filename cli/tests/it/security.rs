@@ -873,3 +873,141 @@ fn logins_are_rate_limited_and_need_tls_from_other_machines() {
         "{err}"
     );
 }
+
+/// JWT bearer tokens of an identity provider: a token signed with the provider's key (from
+/// its JWKS) names the user and groups the access rules see; expired, foreign, tampered,
+/// unsigned tokens and tokens for another audience are refused, saying why.
+#[test]
+fn jwt_bearer_tokens_from_an_identity_provider() {
+    use arrow_flight::sql::client::FlightSqlServiceClient;
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+    use futures::TryStreamExt;
+    let dir = scratch_dir("jwt");
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(&*dir)
+            .output()
+            .expect("openssl");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            crate::stderr(&out)
+        );
+        out.stdout
+    };
+    for key in ["idp.pem", "other.pem"] {
+        openssl(&["genrsa", "-out", key, "2048"]);
+    }
+    let modulus =
+        String::from_utf8(openssl(&["rsa", "-in", "idp.pem", "-noout", "-modulus"])).unwrap();
+    let hex = modulus.trim().trim_start_matches("Modulus=");
+    let n: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    std::fs::write(
+        dir.join("jwks.json"),
+        format!(
+            r#"{{"keys": [{{"kty": "RSA", "kid": "k1", "alg": "RS256", "n": "{}", "e": "AQAB"}}]}}"#,
+            B64.encode(&n)
+        ),
+    )
+    .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let sign = |key: &str, header: &str, claims: &str| {
+        let message = format!("{}.{}", B64.encode(header), B64.encode(claims));
+        std::fs::write(dir.join("message"), &message).unwrap();
+        let signature = openssl(&["dgst", "-sha256", "-sign", key, "message"]);
+        format!("{message}.{}", B64.encode(signature))
+    };
+    let header = r#"{"alg":"RS256","kid":"k1","typ":"JWT"}"#;
+    let claims = |sub: &str, aud: &str, exp: u64| {
+        format!(
+            r#"{{"sub":"{sub}","iss":"https://idp.test","aud":["{aud}"],"exp":{exp},"groups":["analysts"]}}"#
+        )
+    };
+    std::fs::write(
+        dir.join("rules.toml"),
+        "[[tables]]\ngroup = \"analysts\"\ncatalog = \"tpch\"\nprivileges = [\"SELECT\"]\n",
+    )
+    .unwrap();
+    let config = format!(
+        "[server]\n[security]\nrules_file = \"{}\"\n[flight_sql.jwt]\njwks_file = \"{}\"\n\
+         issuer = \"https://idp.test\"\naudience = \"basin\"\ngroups_claim = \"groups\"\n",
+        dir.join("rules.toml").display(),
+        dir.join("jwks.json").display()
+    );
+    let cluster = Cluster::start_with(1, &config);
+    let port: u16 = cluster
+        .url()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap();
+    let good = sign("idp.pem", header, &claims("carol", "basin", now + 600));
+    let cases = [
+        (
+            "expired",
+            sign("idp.pem", header, &claims("carol", "basin", now - 3600)),
+            "expired",
+        ),
+        (
+            "another audience",
+            sign("idp.pem", header, &claims("carol", "other", now + 600)),
+            "audience",
+        ),
+        (
+            "another key",
+            sign("other.pem", header, &claims("carol", "basin", now + 600)),
+            "does not verify",
+        ),
+        (
+            "unsigned",
+            format!(
+                "{}.{}.",
+                B64.encode(r#"{"alg":"none"}"#),
+                B64.encode(claims("carol", "basin", now + 600))
+            ),
+            "algorithm",
+        ),
+        (
+            "tampered",
+            {
+                let mut parts: Vec<String> = good.split('.').map(str::to_string).collect();
+                parts[1] = B64.encode(claims("admin", "basin", now + 600));
+                parts.join(".")
+            },
+            "does not verify",
+        ),
+    ];
+    runtime().block_on(async {
+        let query = |token: String| async move {
+            let mut client = FlightSqlServiceClient::new(channel(port, None).await);
+            client.set_token(token);
+            let info = client.execute("SHOW GRANTS".into(), None).await?;
+            let ticket = info.endpoint[0].ticket.clone().expect("a ticket");
+            let batches: Vec<_> = client.do_get(ticket).await?.try_collect().await?;
+            Ok::<_, arrow_flight::error::FlightError>(
+                datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+                    .unwrap()
+                    .to_string(),
+            )
+        };
+        let grants = query(good.clone()).await.expect("a good token");
+        assert!(
+            grants.contains("carol") && grants.contains("tpch"),
+            "{grants}"
+        );
+        assert!(!grants.contains("lake"), "{grants}");
+        for (what, token, why) in cases {
+            let err = query(token).await.expect_err(what).to_string();
+            assert!(err.contains(why), "{what}: {err}");
+            assert!(err.contains("refused"), "{what}: {err}");
+        }
+    });
+}

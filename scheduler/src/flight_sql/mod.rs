@@ -8,6 +8,7 @@
 //! ```
 
 mod auth;
+mod jwt;
 mod metadata;
 mod params;
 mod service;
@@ -172,8 +173,13 @@ pub async fn serve(
         },
     });
     let tls = options.tls_cert.is_some() && options.tls_key.is_some();
+    let jwt = match &options.jwt {
+        Some(jwt) => Some(Arc::new(jwt::JwtValidator::new(jwt.clone()).await?)),
+        None => None,
+    };
     let service = BasinFlightSqlService::new(factory, registry.clone(), users, idle)
-        .with_transport(tls, options.allow_plaintext_passwords);
+        .with_transport(tls, options.allow_plaintext_passwords)
+        .with_jwt(jwt);
     let mut builder = Server::builder();
     if let (Some(cert), Some(key)) = (&options.tls_cert, &options.tls_key) {
         let read = |p: &std::path::Path| {

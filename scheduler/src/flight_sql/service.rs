@@ -45,6 +45,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::SessionFactory;
 use super::auth::{LoginGuard, Tokens, Users, parse_basic};
+use super::jwt::{JwtValidator, Verified};
 use super::metadata::{SQL_INFO, XDBC_TYPES, annotate_schema};
 use super::params::{Parameters, Values, number_placeholders};
 use super::state::{Registry, Session, Statement};
@@ -67,6 +68,18 @@ pub struct BasinFlightSqlService {
     tls: bool,
     /// `[flight_sql] allow_plaintext_passwords`.
     plaintext_passwords: bool,
+    /// `[flight_sql.jwt]`: bearer tokens of an identity provider.
+    jwt: Option<Arc<JwtValidator>>,
+    /// JWTs verified already (their signature is checked once).
+    verified: Verified,
+}
+
+/// Who is calling.
+struct Caller {
+    key: String,
+    user: String,
+    /// The groups a JWT names (users-file groups otherwise).
+    groups: Option<Vec<String>>,
 }
 
 impl BasinFlightSqlService {
@@ -86,7 +99,15 @@ impl BasinFlightSqlService {
             logins: LoginGuard::default(),
             tls: false,
             plaintext_passwords: false,
+            jwt: None,
+            verified: Verified::default(),
         }
+    }
+
+    /// Accepts JWT bearer tokens checked by `jwt`.
+    pub(crate) fn with_jwt(mut self, jwt: Option<Arc<JwtValidator>>) -> Self {
+        self.jwt = jwt;
+        self
     }
 
     /// Whether the endpoint serves TLS, and whether password logins may come over plain
@@ -99,12 +120,12 @@ impl BasinFlightSqlService {
 
     /// Authenticates the caller and returns its session key.
     fn caller<T>(&self, request: &Request<T>) -> Result<String, Status> {
-        self.caller_and_user(request).map(|(key, _)| key)
+        self.caller_and_user(request).map(|c| c.key)
     }
 
-    /// Authenticates the caller: its session key and its user (`anonymous` for a loopback
-    /// client of a server without users).
-    fn caller_and_user<T>(&self, request: &Request<T>) -> Result<(String, String), Status> {
+    /// Authenticates the caller: its session key, its user (`anonymous` for a loopback
+    /// client of a server without users) and, for a JWT, the groups it names.
+    fn caller_and_user<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
         let bearer = request
             .metadata()
             .get("authorization")
@@ -115,12 +136,45 @@ impl BasinFlightSqlService {
             })
             .map(str::trim);
         if let Some(token) = bearer {
-            return match self.tokens.user(token, self.token_ttl) {
-                Some(user) => Ok((format!("token:{token}"), user)),
-                None => Err(Status::unauthenticated(
-                    "the bearer token is unknown or expired: authenticate again",
-                )),
-            };
+            if let Some(user) = self.tokens.user(token, self.token_ttl) {
+                return Ok(Caller {
+                    key: format!("token:{token}"),
+                    user,
+                    groups: None,
+                });
+            }
+            if let Some(jwt) = &self.jwt
+                && token.matches('.').count() == 2
+            {
+                let identity = match self.verified.get(token) {
+                    Some(identity) => identity,
+                    None => {
+                        let identity = jwt.validate(token).map_err(|refusal| {
+                            if refusal.unknown_key && jwt.refetchable() {
+                                let jwt = jwt.clone();
+                                tokio::spawn(async move { jwt.refetch().await });
+                            }
+                            Status::unauthenticated(format!(
+                                "the bearer token was refused: {}",
+                                refusal.why
+                            ))
+                        })?;
+                        self.verified.put(token, identity.clone());
+                        identity
+                    }
+                };
+                use sha2::Digest;
+                let digest = sha2::Sha256::digest(token.as_bytes());
+                let key: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+                return Ok(Caller {
+                    key: format!("jwt:{key}"),
+                    user: identity.user,
+                    groups: Some(identity.groups),
+                });
+            }
+            return Err(Status::unauthenticated(
+                "the bearer token is unknown or expired: authenticate again",
+            ));
         }
         if self.users.is_some() {
             return Err(Status::unauthenticated(
@@ -128,9 +182,11 @@ impl BasinFlightSqlService {
             ));
         }
         match request.remote_addr() {
-            Some(addr) if addr.ip().is_loopback() => {
-                Ok((format!("conn:{addr}"), "anonymous".to_string()))
-            }
+            Some(addr) if addr.ip().is_loopback() => Ok(Caller {
+                key: format!("conn:{addr}"),
+                user: "anonymous".to_string(),
+                groups: None,
+            }),
             Some(addr) => Err(Status::unauthenticated(format!(
                 "anonymous clients may only connect from loopback, not {}; configure \
                  [flight_sql] users_file to allow remote clients",
@@ -143,14 +199,15 @@ impl BasinFlightSqlService {
     }
 
     async fn session<T>(&self, request: &Request<T>) -> Result<(String, Arc<Session>), Status> {
-        let (key, user) = self.caller_and_user(request)?;
+        let Caller { key, user, groups } = self.caller_and_user(request)?;
         let slots = self.sessions.task_slots().await;
         let factory = self.sessions.clone();
-        let groups = self
-            .users
-            .as_ref()
-            .map(|u| u.groups(&user))
-            .unwrap_or_default();
+        let groups = groups.unwrap_or_else(|| {
+            self.users
+                .as_ref()
+                .map(|u| u.groups(&user))
+                .unwrap_or_default()
+        });
         let subject = crate::access::Subject { user, groups };
         let session = self
             .registry
@@ -167,7 +224,7 @@ impl BasinFlightSqlService {
         let log = self.sessions.audit_log()?;
         let user = self
             .caller_and_user(request)
-            .map_or_else(|_| "unknown".to_string(), |(_, user)| user);
+            .map_or_else(|_| "unknown".to_string(), |c| c.user);
         let client = request
             .remote_addr()
             .map_or_else(|| "unknown".to_string(), |a| a.to_string());
