@@ -227,6 +227,10 @@ impl Cluster {
         self.dir.join("data")
     }
 
+    pub(crate) fn flight_sql_port(&self) -> u16 {
+        self.flight_sql_port
+    }
+
     pub(crate) fn scheduler_port(&self) -> u16 {
         self.scheduler_port
     }

@@ -32,6 +32,22 @@ const SECRET: &str = "closed-cluster-test-secret";
 const CONFIG: &str = "[server]\nsingle_node_max_bytes = 0\n\
      [cluster]\nsecret = \"closed-cluster-test-secret\"\nrest_api = true\n";
 
+/// A users file in `dir` where each of `users` has the password `pw`, with its groups
+/// (`"alice:analysts"`).
+fn users_file(dir: &std::path::Path, users: &[&str]) -> std::path::PathBuf {
+    let hash = bcrypt::hash("pw", 4).unwrap();
+    let lines: String = users
+        .iter()
+        .map(|u| match u.split_once(':') {
+            Some((user, groups)) => format!("{user}:{hash}:{groups}\n"),
+            None => format!("{u}:{hash}\n"),
+        })
+        .collect();
+    let path = dir.join("users");
+    std::fs::write(&path, lines).unwrap();
+    path
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -445,12 +461,7 @@ fn sql_users_reach_only_the_sandbox() {
 #[test]
 fn access_rules_hide_filter_and_mask() {
     let dir = scratch_dir("access");
-    let hash = bcrypt::hash("pw", 4).unwrap();
-    std::fs::write(
-        dir.join("users"),
-        format!("admin:{hash}\nalice:{hash}:analysts\nbob:{hash}\n"),
-    )
-    .unwrap();
+    let users = users_file(&dir, &["admin", "alice:analysts", "bob"]);
     let rules = dir.join("rules.toml");
     let alice_rule = r#"
 [[tables]]
@@ -474,7 +485,7 @@ columns = [{ name = "ssn", allow = false }, { name = "email", mask = "'***' || s
     let config = format!(
         "[server]\n[flight_sql]\nusers_file = \"{}\"\n[security]\nrules_file = \"{}\"\n\
          audit_log = \"{}\"\n",
-        dir.join("users").display(),
+        users.display(),
         rules.display(),
         audit.display()
     );
@@ -669,8 +680,7 @@ fn filters_and_masks_are_pushed_into_the_sources() {
         ),
     );
     let dir = scratch_dir("access-pushdown");
-    let hash = bcrypt::hash("pw", 4).unwrap();
-    std::fs::write(dir.join("users"), format!("alice:{hash}:analysts\n")).unwrap();
+    let users = users_file(&dir, &["alice:analysts"]);
     std::fs::write(
         dir.join("rules.json"),
         format!(
@@ -686,7 +696,7 @@ fn filters_and_masks_are_pushed_into_the_sources() {
         "[server]\n[flight_sql]\nusers_file = \"{}\"\n[security]\nrules_file = \"{}\"\n\
          [catalogs.pg]\nconnector = \"postgres\"\nurl = \"{pg_url}\"\ntls = \"disable\"\n\
          [catalogs.my]\nconnector = \"mysql\"\nurl = \"{my_url}\"\ntls = \"disable\"\n",
-        dir.join("users").display(),
+        users.display(),
         dir.join("rules.json").display()
     );
     let cluster = Cluster::start_with(1, &config);
@@ -738,19 +748,13 @@ fn another_users_statement_is_not_theirs() {
     use arrow_flight::sql::client::FlightSqlServiceClient;
     use futures::TryStreamExt;
     let dir = scratch_dir("handles");
-    let hash = bcrypt::hash("pw", 4).unwrap();
-    std::fs::write(dir.join("users"), format!("alice:{hash}\nbob:{hash}\n")).unwrap();
+    let users = users_file(&dir, &["alice", "bob"]);
     let config = format!(
         "[server]\n[flight_sql]\nusers_file = \"{}\"\n",
-        dir.join("users").display()
+        users.display()
     );
     let cluster = Cluster::start_with(1, &config);
-    let port: u16 = cluster
-        .url()
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .unwrap();
+    let port = cluster.flight_sql_port();
     runtime().block_on(async {
         let login = |user: &'static str| async move {
             let mut client = FlightSqlServiceClient::new(channel(port, None).await);
@@ -815,12 +819,11 @@ fn another_users_statement_is_not_theirs() {
 #[test]
 fn logins_are_rate_limited_and_need_tls_from_other_machines() {
     let dir = scratch_dir("logins");
-    let hash = bcrypt::hash("pw", 4).unwrap();
-    std::fs::write(dir.join("users"), format!("alice:{hash}\n")).unwrap();
+    let users = users_file(&dir, &["alice"]);
     // Every address of the machine, so that a client may come from a non-loopback one.
     let config = format!(
         "[server]\nbind_host = \"0.0.0.0\"\n[flight_sql]\nusers_file = \"{}\"\n",
-        dir.join("users").display()
+        users.display()
     );
     let cluster = Cluster::start_with(1, &config);
     let count = "SELECT count(*) AS n FROM tpch.tiny.region";
@@ -943,12 +946,7 @@ fn jwt_bearer_tokens_from_an_identity_provider() {
         dir.join("jwks.json").display()
     );
     let cluster = Cluster::start_with(1, &config);
-    let port: u16 = cluster
-        .url()
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .unwrap();
+    let port = cluster.flight_sql_port();
     let good = sign("idp.pem", header, &claims("carol", "basin", now + 600));
     let cases = [
         (
