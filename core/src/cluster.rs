@@ -25,6 +25,9 @@ use sha2::Sha256;
 
 use crate::secret::Secret;
 
+/// The fewest characters a cluster secret may have.
+pub const MIN_SECRET_CHARS: usize = 16;
+
 /// The environment variable a process takes the secret from when `[cluster] secret` is not set.
 pub const SECRET_VARIABLE: &str = "BASIN_CLUSTER_SECRET";
 
@@ -125,6 +128,20 @@ impl ClusterKey {
             .map_err(|_| Refused::Wrong)
     }
 
+    /// The bearer token of Ballista's REST API: a proof of its own, so that handing it to an
+    /// operator hands over no internal call.
+    pub fn rest_token(&self) -> String {
+        hex(&self.tag("rest", &[]).finalize().into_bytes())
+    }
+
+    /// Whether `token` is [`ClusterKey::rest_token`].
+    pub fn check_rest_token(&self, token: &str) -> Result<(), Refused> {
+        let tag = unhex(token.trim()).ok_or(Refused::Wrong)?;
+        self.tag("rest", &[])
+            .verify_slice(&tag)
+            .map_err(|_| Refused::Wrong)
+    }
+
     /// A signature of `parts` for `purpose`, valid for [`SIGNATURE_LIFETIME`]:
     /// `<expiry seconds>.<hex tag>`.
     pub fn sign(&self, purpose: &str, parts: &[&[u8]]) -> String {
@@ -207,8 +224,7 @@ mod tests {
     fn a_user_agent_proves_the_same_secret_only() {
         let key = ClusterKey::new(&Secret::new("s3cret"));
         let agent = key.user_agent();
-        // What docs/security.md tells operators to compute for the REST API:
-        // printf call | openssl dgst -sha256 -hmac "$BASIN_CLUSTER_SECRET"
+        // The call proof: printf call | openssl dgst -sha256 -hmac s3cret
         assert_eq!(
             agent,
             "basin-cluster/86b61c6c197d8f6897a698ff4dc252134226822ec3c9db9cfc9f4e33df354a19"
@@ -231,6 +247,14 @@ mod tests {
             Err(Refused::Wrong)
         );
         assert_eq!(format!("{key:?}"), "ClusterKey(***)");
+        // The REST token is another proof: printf rest | openssl dgst -sha256 -hmac s3cret
+        let rest = key.rest_token();
+        assert_eq!(key.check_rest_token(&rest), Ok(()));
+        assert_ne!(format!("{USER_AGENT_PREFIX}{rest}"), agent);
+        assert_eq!(
+            key.check_user_agent(Some(&format!("{USER_AGENT_PREFIX}{rest}"))),
+            Err(Refused::Wrong)
+        );
     }
 
     #[test]

@@ -199,6 +199,15 @@ impl ClusterConfig {
     /// Refuses to open internal ports on `bind_host` (not loopback) without a secret,
     /// unless `allow_unauthenticated`.
     pub fn check_exposure(&self, bind_host: &str, what: &str) -> Result<()> {
+        if let Some(secret) = self.secret()
+            && secret.expose().chars().count() < crate::cluster::MIN_SECRET_CHARS
+        {
+            return Err(BasinError::Invalid(format!(
+                "[cluster] secret (or BASIN_CLUSTER_SECRET) has fewer than {} characters: \
+                 anyone could guess it. Make one with `openssl rand -hex 32`",
+                crate::cluster::MIN_SECRET_CHARS
+            )));
+        }
         if self.secret().is_some() || self.allow_unauthenticated || is_loopback(bind_host) {
             return Ok(());
         }

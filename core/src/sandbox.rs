@@ -69,9 +69,13 @@ impl Sandbox {
         })?;
         let user_area = own.join(USER_AREA);
         let mut allowed = vec![Allowed::Local(user_area.clone())];
+        // With access rules, raw files could go around them (a table's data files read
+        // directly): no bucket unless listed.
         let listed: Vec<String> = match &config.security.allowed_locations {
             Some(listed) => listed.clone(),
-            None if config.storage.s3.is_some() => vec!["s3://".to_string()],
+            None if config.storage.s3.is_some() && config.security.rules_file.is_none() => {
+                vec!["s3://".to_string()]
+            }
             None => vec![],
         };
         for entry in &listed {
@@ -138,6 +142,14 @@ impl Sandbox {
                 "{what}: '{location}' is inside Basin's data directory, which holds its \
                  catalog, tables and shuffle files; SQL users may use only its `{USER_AREA}/` \
                  directory"
+            ));
+        }
+        // Tables' files are read and written through their tables only (their access
+        // rules, their commits).
+        if also.is_empty() && self.warehouses.iter().any(|w| w.contains(&resolved)) {
+            return Err(format!(
+                "{what}: '{location}' is inside an Iceberg warehouse, whose files only its \
+                 tables may read and write"
             ));
         }
         if self
@@ -212,37 +224,54 @@ fn before_glob(location: &str) -> &str {
     }
 }
 
+/// Characters no location may have: what URL parsers drop or read differently from a
+/// plain path (a fragment, a backslash, tabs and newlines).
+fn odd_character(text: &str) -> bool {
+    text.chars()
+        .any(|c| c.is_control() || c == '\\' || c == '#')
+}
+
 fn resolve(location: &str) -> Result<Resolved, String> {
-    let location = before_glob(location.trim());
+    let location = location.trim();
+    if odd_character(location) {
+        return Err(
+            "has a character locations may not have (`#`, `\\`, control characters)".into(),
+        );
+    }
+    let location = before_glob(location);
     if location.is_empty() {
         return Err("is not a location".to_string());
     }
+    let lower = location.to_ascii_lowercase();
     let (scheme, rest) = match location.split_once("://") {
         Some((scheme, rest)) => (scheme.to_ascii_lowercase(), rest),
+        // `file:/path`, as URL parsers read it.
+        None if lower.starts_with("file:") => ("file".to_string(), &location[5..]),
         None => ("file".to_string(), location),
     };
     let decoded = percent_decode(rest).ok_or("has a malformed %-escape")?;
-    if decoded.contains('\0') {
-        return Err("contains a NUL character".to_string());
+    if decoded.contains('\0') || odd_character(&decoded) {
+        return Err("has an escaped character locations may not have".to_string());
+    }
+    // Readers apply `..` in their own ways (lexically, or after following a link): none is
+    // taken, so that the place checked is the place read.
+    if decoded.split('/').any(|part| part == "..") {
+        return Err("has a `..` segment, which locations may not have".to_string());
     }
     if scheme == "file" {
         // file:///abs, file://localhost/abs
-        let path = decoded.strip_prefix("localhost").unwrap_or(&decoded);
+        let path = match decoded.strip_prefix("localhost") {
+            Some(rest) if rest.starts_with('/') => rest,
+            _ => decoded.as_str(),
+        };
         return Ok(Resolved::Local(resolve_local(Path::new(path))?));
     }
     let (bucket, key) = decoded.split_once('/').unwrap_or((&decoded, ""));
-    let mut parts: Vec<String> = Vec::new();
-    for part in key.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => {
-                if parts.pop().is_none() {
-                    return Err("climbs out of its bucket with `..`".to_string());
-                }
-            }
-            other => parts.push(other.to_string()),
-        }
-    }
+    let parts: Vec<String> = key
+        .split('/')
+        .filter(|part| !part.is_empty() && *part != ".")
+        .map(str::to_string)
+        .collect();
     Ok(Resolved::Store {
         scheme,
         bucket: bucket.to_string(),
@@ -322,7 +351,9 @@ mod tests {
         for ok in [
             format!("{d}/sub/x.csv"),
             format!("file://{d}/sub/"),
-            format!("{d}/sub/../y.parquet"),
+            format!("file:{d}/sub/"),
+            format!("file://localhost{d}/sub/"),
+            format!("{d}/./sub/y.parquet"),
             format!("{d}/new/dir/z.parquet"),
             format!("{d}/sub/*.csv"),
             format!("file://{}/sub%2Fx.csv", d),
@@ -340,6 +371,13 @@ mod tests {
             format!("{d}/link/../../../etc/passwd"),
             format!("{d}*/x.csv"),
             format!("{}/data2/x.csv", dir.display()),
+            format!("{d}/sub/../y.parquet"),
+            format!("file:///etc/passwd#/../..{d}/x"),
+            format!("file://{d}/..\\..\\etc\\passwd"),
+            format!("file://{d}/.\t./.\t./etc/passwd"),
+            format!("{d}/nope/../link/x"),
+            "file:/etc/passwd".to_string(),
+            format!("file://{d}/%23/x"),
         ] {
             let err = sandbox.check("read_csv", &bad).unwrap_err();
             assert!(
@@ -357,7 +395,7 @@ mod tests {
             "s3://lake/raw/x.parquet",
             "s3a://lake/raw/2024/",
             "s3://landing/anything/at/all",
-            "s3://lake/raw/a/../b",
+            "s3://lake/raw/./b",
         ] {
             assert_eq!(sandbox.check("COPY … TO", ok), Ok(()), "{ok}");
         }
@@ -370,6 +408,8 @@ mod tests {
             "gs://lake/raw/x",
             "/tmp/x",
             "s3://landing/../../x",
+            "s3://lake/raw/a/../b",
+            "s3://lake/secret/f.parquet#/../../raw/x",
         ] {
             assert!(sandbox.check("COPY … TO", bad).is_err(), "{bad}");
         }
@@ -399,11 +439,7 @@ mod config_tests {
             sandbox.check("COPY … TO", &format!("{d}/other/x.csv")),
             Ok(())
         );
-        for own in [
-            "data/lake/warehouse/t/metadata/x.json",
-            "data/catalog.db",
-            "data/files/../x",
-        ] {
+        for own in ["data/lake/warehouse/t/metadata/x.json", "data/catalog.db"] {
             let err = sandbox
                 .check("COPY … TO", &format!("{d}/{own}"))
                 .unwrap_err();
@@ -412,5 +448,31 @@ mod config_tests {
         assert!(sandbox.check("read_csv", "/etc/passwd").is_err());
         // No [storage.s3]: no bucket.
         assert!(sandbox.check("read_parquet", "s3://lake/x").is_err());
+
+        // An Iceberg warehouse in a bucket: for its tables, not for files.
+        config.storage.s3 = Some(Default::default());
+        config.security.allowed_locations = None;
+        config.catalogs.insert(
+            "rest".into(),
+            toml::from_str(
+                "connector = \"iceberg\"\nkind = \"rest\"\nuri = \"http://x\"\n\
+                 warehouse = \"s3://lake/wh\"",
+            )
+            .unwrap(),
+        );
+        let sandbox = Sandbox::from_config(&config).unwrap();
+        assert_eq!(sandbox.check("read_parquet", "s3://landing/x"), Ok(()));
+        let err = sandbox
+            .check("read_parquet", "s3://lake/wh/db/t/data/")
+            .unwrap_err();
+        assert!(err.contains("Iceberg warehouse"), "{err}");
+        assert_eq!(
+            sandbox.check_table_location("location", "s3://lake/wh/db/t2"),
+            Ok(())
+        );
+        // With access rules no bucket is open by default.
+        config.security.rules_file = Some("/etc/basin/rules.toml".into());
+        let sandbox = Sandbox::from_config(&config).unwrap();
+        assert!(sandbox.check("read_parquet", "s3://landing/x").is_err());
     }
 }

@@ -438,11 +438,17 @@ impl SessionAccess {
     ) -> Result<()> {
         let resolved = table.clone().resolve(defaults.0, defaults.1);
         let name = strip_version(&resolved.table);
-        if self
-            .grant(&resolved.catalog, &resolved.schema, name)
-            .privileges
-            .contains(&privilege)
-        {
+        let grant = self.grant(&resolved.catalog, &resolved.schema, name);
+        // A table seen through a filter or column rules is not the user's to reshape (a
+        // renamed hidden column would be seen).
+        if privilege == Privilege::Ownership && grant.restricts_reads() {
+            return Err(DataFusionError::Plan(format!(
+                "access denied: user `{}` sees `{table}` through a row filter or column rules \
+                 and may not change its definition ([security] rules_file)",
+                self.subject.user
+            )));
+        }
+        if grant.privileges.contains(&privilege) {
             return Ok(());
         }
         Err(DataFusionError::Plan(format!(
@@ -456,6 +462,27 @@ impl SessionAccess {
                 _ => "rows of",
             }
         )))
+    }
+
+    /// Fails unless the user may read all of the table (no filter, no column rules): for
+    /// what shows its whole definition. A table the user may not read is "not found".
+    pub fn require_whole(&self, table: &TableReference) -> Result<()> {
+        let grant = self.grant(
+            table.catalog().unwrap_or_default(),
+            table.schema().unwrap_or_default(),
+            strip_version(table.table()),
+        );
+        if !grant.privileges.contains(&Privilege::Select) {
+            return Err(DataFusionError::Plan(format!("table `{table}` not found")));
+        }
+        if grant.restricts_reads() {
+            return Err(DataFusionError::Plan(format!(
+                "access denied: user `{}` sees `{table}` through a row filter or column rules; \
+                 its definition is not shown ([security] rules_file)",
+                self.subject.user
+            )));
+        }
+        Ok(())
     }
 
     /// `inner`, seen by this user.
@@ -544,6 +571,10 @@ pub fn check_plan(
                 if let Some(c) = any.downcast_ref::<IcebergCreateTable>() {
                     let table = iceberg(c.catalog.name(), &c.namespace.clone().inner(), &c.name);
                     check(Privilege::Ownership, &table)?;
+                    // CREATE TABLE … AS reads its query (not an input of the node).
+                    if let Some(query) = &c.query {
+                        check_plan(access, query, defaults)?;
+                    }
                 } else if let Some(a) = any.downcast_ref::<IcebergAlterTable>() {
                     let table = iceberg(
                         a.catalog.name(),
@@ -571,8 +602,25 @@ pub fn check_plan(
                     t.clone().resolve(defaults.0, defaults.1)
                         == scan.table_name.clone().resolve(defaults.0, defaults.1)
                 };
+                // A MERGE reads its target under its alias, with each row's identity: known
+                // by the table it reads, not by the name.
+                let merge_target = datafusion::datasource::source_as_provider(&scan.source)
+                    .ok()
+                    .and_then(|p| {
+                        p.as_any()
+                            .downcast_ref::<basin_connectors::iceberg::IcebergTableProvider>()
+                            .filter(|t| t.spec().row_identity)
+                            .map(|t| {
+                                let spec = t.spec();
+                                iceberg(&spec.catalog, &spec.namespace, &spec.name)
+                            })
+                    });
                 // A change's own target is read to find its rows.
-                if !targets.iter().any(own) {
+                let is_target = match &merge_target {
+                    Some(target) => targets.contains(target),
+                    None => targets.iter().any(own),
+                };
+                if !is_target {
                     check(Privilege::Select, &scan.table_name)?;
                 }
             }

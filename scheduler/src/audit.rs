@@ -176,6 +176,14 @@ pub fn objects(plan: &LogicalPlan) -> (Vec<String>, Vec<String>) {
             }
             LogicalPlan::Extension(e) => {
                 let any = e.node.as_any();
+                if let Some(query) = any
+                    .downcast_ref::<IcebergCreateTable>()
+                    .and_then(|c| c.query.as_ref())
+                {
+                    for name in objects(query).0 {
+                        add(&mut read, name);
+                    }
+                }
                 let name = if let Some(c) = any.downcast_ref::<IcebergCreateTable>() {
                     Some(format!(
                         "{}.{}.{}",
@@ -214,7 +222,7 @@ pub fn objects(plan: &LogicalPlan) -> (Vec<String>, Vec<String>) {
 pub fn redact(sql: &str) -> String {
     static PATTERN: std::sync::LazyLock<Option<regex::Regex>> = std::sync::LazyLock::new(|| {
         regex::Regex::new(
-            r"(?i)('[^']*(?:secret|password|passwd|token|credential|key)[^']*'\s*=?\s*)'(?:[^']|'')*'",
+            r#"(?i)((?:'[^']*(?:secret|password|passwd|token|credential|key)[^']*'|"[^"]*(?:secret|password|passwd|token|credential|key)[^"]*"|[\w.\-]*(?:secret|password|passwd|token|credential|key)[\w.\-]*)\s*=?\s*)(?:[eE]?'(?:[^']|'')*'|"[^"]*")"#,
         )
         .ok()
     });
@@ -235,6 +243,15 @@ mod tests {
         let out = redact(sql);
         assert!(!out.contains("abc") && !out.contains("AKIA"), "{out}");
         assert!(out.contains("'format.has_header' 'true'"), "{out}");
+        for sql in [
+            "CREATE TABLE t WITH (\"s3.secret-access-key\" = 'abc') AS SELECT 1",
+            "COPY t TO 'x' OPTIONS (aws.secret_access_key 'abc')",
+            "COPY t TO 'x' OPTIONS ('aws.session_token' E'abc')",
+            "COPY t TO 'x' OPTIONS ('password' \"abc\")",
+        ] {
+            let out = redact(sql);
+            assert!(!out.contains("abc"), "{out}");
+        }
         assert_eq!(redact("SELECT 'password'"), "SELECT 'password'");
     }
 }

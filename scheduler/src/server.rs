@@ -433,26 +433,25 @@ struct Guard {
 
 /// The answer to a call to the scheduler's port from outside the cluster (`None` for a
 /// call from inside): gRPC calls get an UNAUTHENTICATED status, REST calls 401. A REST
-/// client proves itself as Basin's gRPC clients do, or with `Authorization: Bearer <the
-/// user agent's proof>`.
+/// client sends `Authorization: Bearer <ClusterKey::rest_token>`.
 fn refuse_scheduler_call(
     key: Option<&ClusterKey>,
     request: &axum::extract::Request,
 ) -> Option<axum::response::Response> {
     let key = key?;
     let header = |name: &str| request.headers().get(name).and_then(|v| v.to_str().ok());
-    let bearer = header("authorization")
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|token| format!("{}{token}", basin_core::cluster::USER_AGENT_PREFIX));
-    let checked = key
-        .check_user_agent(header("user-agent"))
-        .or_else(|why| match &bearer {
-            Some(bearer) => key.check_user_agent(Some(bearer)),
-            None => Err(why),
-        });
+    let is_grpc = header("content-type").is_some_and(|t| t.starts_with("application/grpc"));
+    // gRPC calls carry the cluster's call proof; the REST API takes its own token only.
+    let checked = if is_grpc {
+        key.check_user_agent(header("user-agent"))
+    } else {
+        match header("authorization").and_then(|v| v.strip_prefix("Bearer ")) {
+            Some(token) => key.check_rest_token(token),
+            None => Err(basin_core::cluster::Refused::Missing),
+        }
+    };
     let why = checked.err()?;
     tracing::warn!(path = %request.uri().path(), %why, "refused a call to the scheduler");
-    let is_grpc = header("content-type").is_some_and(|t| t.starts_with("application/grpc"));
     if is_grpc {
         let (parts, body) = basin_connectors::cluster::refused(why)
             .into_http::<tonic::body::Body>()

@@ -82,14 +82,32 @@ fn check_locations(sandbox: &Sandbox, plan: &LogicalPlan) -> Result<()> {
             }
             LogicalPlan::Copy(copy) => check("COPY … TO", &copy.output_url)?,
             LogicalPlan::Extension(e) => {
-                if let Some(location) = e
-                    .node
-                    .as_any()
-                    .downcast_ref::<IcebergCreateTable>()
-                    .and_then(|create| create.options.location.as_deref())
-                {
-                    check_table("CREATE TABLE … WITH (location)", location)?
+                if let Some(create) = e.node.as_any().downcast_ref::<IcebergCreateTable>() {
+                    if let Some(location) = create.options.location.as_deref() {
+                        check_table("CREATE TABLE … WITH (location)", location)?
+                    }
+                    // Where a table's files go (iceberg-rust's location generator reads
+                    // these): the same places as its location.
+                    for (key, value) in &create.options.properties {
+                        let key = key.to_ascii_lowercase();
+                        if key.ends_with(".path") || key.contains("location") {
+                            check_table(&format!("CREATE TABLE … WITH (\"{key}\")"), value)?
+                        }
+                    }
                 }
+            }
+            // Runtime settings reach the process itself (spill directory, memory pool).
+            LogicalPlan::Statement(datafusion::logical_expr::Statement::SetVariable(set))
+                if set
+                    .variable
+                    .to_ascii_lowercase()
+                    .starts_with("datafusion.runtime.") =>
+            {
+                return Err(DataFusionError::Plan(format!(
+                    "SET {}: runtime settings are the server's; an administrator sets them \
+                     in basin.toml",
+                    set.variable
+                )));
             }
             _ => {}
         }
@@ -318,6 +336,18 @@ async fn plan_show(ctx: &SessionContext, statement: &Statement) -> Result<Option
             let Some((resolved, _, iceberg)) = iceberg_table(ctx, obj_name)? else {
                 return Ok(None);
             };
+            // The whole definition: only for a user who may read the whole table.
+            if let Some(access) = state
+                .config()
+                .get_extension::<crate::access::SessionAccess>()
+            {
+                let table = datafusion::common::TableReference::full(
+                    resolved.catalog.as_ref(),
+                    resolved.schema.as_ref(),
+                    resolved.table.as_ref(),
+                );
+                access.require_whole(&table)?;
+            }
             let ident = basin_connectors::iceberg::table_ident(
                 namespace_ident(&resolved.schema)?,
                 resolved.table.to_string(),

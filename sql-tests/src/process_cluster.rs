@@ -75,7 +75,7 @@ impl ProcessCluster {
         let data = dir.join("data").display().to_string();
         // Closed as a production cluster is (a secret of its own), with Ballista's REST API
         // on for its list of executors.
-        let secret = format!("sql-tests-{}-{scheduler_port}", std::process::id());
+        let secret = format!("sql-tests-secret-{}-{scheduler_port}", std::process::id());
         let config = dir.join("basin.toml");
         std::fs::write(
             &config,
@@ -86,8 +86,7 @@ impl ProcessCluster {
         cluster.secret = secret.clone();
         cluster.token = Some(
             basin_core::cluster::ClusterKey::new(&basin_core::Secret::new(secret.clone()))
-                .user_agent()[basin_core::cluster::USER_AGENT_PREFIX.len()..]
-                .to_string(),
+                .rest_token(),
         );
         let child = spawn(
             "scheduler",

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use basin_core::Secret;
-use basin_core::cluster::{ClusterKey, USER_AGENT_PREFIX};
+use basin_core::cluster::ClusterKey;
 
 use crate::{RunWithin, Scratch, scratch_dir, stderr, stdout};
 
@@ -64,7 +64,7 @@ impl Cluster {
     /// Ballista's REST API on, for its list of executors.
     pub(crate) fn start_with(executors: usize, config: &str) -> Self {
         let dir = scratch_dir("cluster");
-        let secret = format!("test-secret-{}", std::process::id());
+        let secret = format!("test-cluster-secret-{}", std::process::id());
         let config = if config.contains("[cluster]") {
             config.to_string()
         } else {
@@ -75,7 +75,7 @@ impl Cluster {
             .lines()
             .find_map(|l| l.trim().strip_prefix("secret = "))
             .map(|s| ClusterKey::new(&Secret::new(s.trim_matches('"'))))
-            .map(|key| key.user_agent()[USER_AGENT_PREFIX.len()..].to_string());
+            .map(|key| key.rest_token());
         let mut cluster = Self {
             token,
             dir,

@@ -284,8 +284,12 @@ fn internal_ports_refuse_plans_without_the_cluster_secret() {
     let port = cluster.scheduler_port();
     let (status, _) = crate::liveness::http_status(port, "/api/executors", None);
     assert_eq!(status, 401);
-    let token = &key.user_agent()[basin_core::cluster::USER_AGENT_PREFIX.len()..];
-    let (status, body) = crate::liveness::http_status(port, "/api/executors", Some(token));
+    // The call proof is not the REST token.
+    let call = &key.user_agent()[basin_core::cluster::USER_AGENT_PREFIX.len()..];
+    let (status, _) = crate::liveness::http_status(port, "/api/executors", Some(call));
+    assert_eq!(status, 401);
+    let token = key.rest_token();
+    let (status, body) = crate::liveness::http_status(port, "/api/executors", Some(&token));
     assert_eq!(status, 200, "{body}");
     assert_eq!(body.matches("\"id\"").count(), 2, "{body}");
 
@@ -372,11 +376,27 @@ fn sql_users_reach_only_the_sandbox() {
         ),
         (
             format!("SELECT * FROM read_csv('{a}/../outside/secret.csv')"),
-            "outside",
+            "`..`",
         ),
         (
             format!("SELECT * FROM read_csv('{a}/%2e%2e/outside/secret.csv')"),
+            "`..`",
+        ),
+        (
+            format!("SELECT * FROM read_csv('file://{o}/secret.csv#/../..{a}/ok.csv')"),
+            "`#`",
+        ),
+        (
+            format!("SELECT * FROM read_csv('file://{a}/..\\..\\outside\\secret.csv')"),
+            "`#`",
+        ),
+        (
+            format!("SELECT * FROM read_csv('file:{o}/secret.csv')"),
             "outside",
+        ),
+        (
+            format!("SELECT * FROM read_csv('{a}/nope/../link/secret.csv')"),
+            "`..`",
         ),
         (
             format!("SELECT * FROM read_csv('{a}/link/secret.csv')"),
@@ -420,7 +440,18 @@ fn sql_users_reach_only_the_sandbox() {
         ),
         (
             format!("COPY (SELECT 1) TO '{d}/files/../x.csv' STORED AS CSV"),
-            "Basin's data directory",
+            "`..`",
+        ),
+        (
+            format!(
+                "CREATE SCHEMA IF NOT EXISTS lake.s; CREATE TABLE lake.s.t2 (a INT) \
+                 WITH (\"write.data.path\" = '{o}/data')"
+            ),
+            "outside",
+        ),
+        (
+            "SET datafusion.runtime.temp_directory = '/tmp/elsewhere'".to_string(),
+            "runtime settings",
         ),
         (
             format!(
@@ -440,7 +471,7 @@ fn sql_users_reach_only_the_sandbox() {
         assert!(err.contains(why), "{statement}: {err}");
         assert!(
             err.contains("allowed_locations")
-                || err.contains("user area")
+                || err.contains("runtime settings")
                 || err.contains("`files/`"),
             "{statement}: {err}"
         );
@@ -477,7 +508,9 @@ columns = [{ name = "ssn", allow = false }, { name = "email", mask = "'***' || s
         format!(
             "[[tables]]\nuser = \"admin\"\nprivileges = [\"SELECT\", \"INSERT\", \"DELETE\", \
              \"UPDATE\", \"OWNERSHIP\"]\n{extra}{alice_rule}\n[[tables]]\nuser = \"bob\"\n\
-             catalog = \"tpch\"\nprivileges = [\"SELECT\"]\n"
+             catalog = \"tpch\"\nprivileges = [\"SELECT\"]\n\
+             [[tables]]\nuser = \"alice\"\ncatalog = \"lake\"\nschema = \"hr\"\n\
+             table = \"inbox|copy\"\nprivileges = [\"INSERT\", \"OWNERSHIP\"]\n"
         )
     };
     std::fs::write(&rules, rules_text("")).unwrap();
@@ -522,8 +555,9 @@ columns = [{ name = "ssn", allow = false }, { name = "email", mask = "'***' || s
          INSERT INTO lake.hr.people VALUES (1, 'EU', '123-45-0001', 'ann@eu.example'), \
            (2, 'US', '123-45-0002', 'ann@us.example'), (3, 'EU', '123-45-0003', 'cy@eu.example'); \
          CREATE TABLE lake.hr.salaries (id INT, amount INT); \
-         INSERT INTO lake.hr.salaries VALUES (1, 100)",
-        "count\n0\ncount\n3\ncount\n0\ncount\n1\n",
+         INSERT INTO lake.hr.salaries VALUES (1, 100); \
+         CREATE TABLE lake.hr.inbox (msg VARCHAR)",
+        "count\n0\ncount\n3\ncount\n0\ncount\n1\ncount\n0\n",
     );
     // alice: EU rows, no ssn, masked emails — through every shape of query.
     let people = "id,region,email\n1,EU,***@eu.example\n3,EU,***@eu.example\n";
@@ -548,7 +582,7 @@ columns = [{ name = "ssn", allow = false }, { name = "email", mask = "'***' || s
         "alice",
         "SELECT table_catalog, table_schema, table_name FROM information_schema.tables \
          WHERE table_schema <> 'information_schema' ORDER BY 1, 2, 3",
-        "table_catalog,table_schema,table_name\nlake,hr,people\n",
+        "table_catalog,table_schema,table_name\nlake,hr,inbox\nlake,hr,people\n",
     );
     ok(
         "alice",
@@ -560,9 +594,27 @@ columns = [{ name = "ssn", allow = false }, { name = "email", mask = "'***' || s
         "alice",
         "SHOW GRANTS",
         "user,table_catalog,table_schema,table_name,privileges,row_filter,hidden_columns,\
-         masked_columns\nalice,lake,hr,people,SELECT,region = 'EU',ssn,email\n",
+         masked_columns\nalice,lake,hr,inbox,\"INSERT, OWNERSHIP\",,,\n\
+         alice,lake,hr,people,SELECT,region = 'EU',ssn,email\n",
     );
     refused("alice", "SELECT ssn FROM lake.hr.people", "ssn");
+    // Write-only: alice may put rows in, not read them out — not even by copying them.
+    ok(
+        "alice",
+        "INSERT INTO lake.hr.inbox VALUES ('hello')",
+        "count\n1\n",
+    );
+    refused("alice", "SELECT * FROM lake.hr.inbox", "may not SELECT");
+    refused(
+        "alice",
+        "CREATE TABLE lake.hr.copy AS SELECT * FROM lake.hr.inbox",
+        "may not SELECT",
+    );
+    refused(
+        "alice",
+        "SHOW CREATE TABLE lake.hr.people",
+        "definition is not shown",
+    );
     refused("alice", "SELECT * FROM lake.hr.salaries", "salaries");
     refused("alice", "SELECT * FROM tpch.tiny.nation", "tpch");
     refused(

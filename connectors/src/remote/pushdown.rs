@@ -147,8 +147,9 @@ fn rewrite(plan: LogicalPlan) -> Result<Transformed<LogicalPlan>> {
         .transform_data(|p| p.map_subqueries(rewrite))
 }
 
-/// Whether `e` gives a value for every row (no division, no cast, nothing volatile): it may
-/// be computed on rows an exact filter would have dropped.
+/// Whether `e` gives a value for every row (no arithmetic, which overflows at a source that
+/// raises errors for it, no cast, nothing volatile): it may be computed on rows an exact
+/// filter would have dropped.
 fn cannot_fail(e: &Expr) -> bool {
     !e.is_volatile()
         && !e
@@ -158,8 +159,13 @@ fn cannot_fail(e: &Expr) -> bool {
                     Expr::Cast(_)
                         | Expr::TryCast(_)
                         | Expr::ScalarFunction(_)
+                        | Expr::Negative(_)
                         | Expr::BinaryExpr(BinaryExpr {
-                            op: Operator::Divide | Operator::Modulo,
+                            op: Operator::Divide
+                                | Operator::Modulo
+                                | Operator::Plus
+                                | Operator::Minus
+                                | Operator::Multiply,
                             ..
                         })
                 ))

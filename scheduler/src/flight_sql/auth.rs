@@ -94,7 +94,7 @@ pub fn hash_password(password: &str) -> Result<String> {
         .map_err(|e| BasinError::Invalid(format!("cannot hash the password: {e}")))
 }
 
-/// Failed logins per client address: after [`LoginGuard::MAX_FAILURES`] within
+/// Failed logins per client address (IPv4, or IPv6 /64): after [`LoginGuard::MAX_FAILURES`] within
 /// [`LoginGuard::WINDOW`], the address may not try again until the window is over plus
 /// [`LoginGuard::PENALTY`]. Bounded: addresses whose window is over are forgotten, and at
 /// most [`LoginGuard::MAX_ADDRESSES`] are tracked.
@@ -109,47 +109,59 @@ impl LoginGuard {
     pub const PENALTY: Duration = Duration::from_secs(60);
     pub const MAX_ADDRESSES: usize = 100_000;
 
-    /// `Err(wait)` while `ip` may not try.
-    pub fn check(&self, ip: std::net::IpAddr) -> std::result::Result<(), Duration> {
-        let failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        match failures.get(&ip) {
-            Some((count, first)) if *count >= Self::MAX_FAILURES => {
-                let until = *first + Self::WINDOW + Self::PENALTY;
-                match until.checked_duration_since(Instant::now()) {
-                    Some(wait) if !wait.is_zero() => Err(wait),
-                    _ => Ok(()),
-                }
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// A failed login from `ip`.
-    pub fn failed(&self, ip: std::net::IpAddr) {
+    /// Starts a login attempt from `ip`: `Err(wait)` while the address may not try. The
+    /// attempt counts as failed until [`LoginGuard::succeeded`] says otherwise, so that
+    /// logins sent at once cannot all pass before the first failures are counted.
+    pub fn attempt(&self, ip: std::net::IpAddr) -> std::result::Result<(), Duration> {
+        let ip = Self::network(ip);
         let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         let over = Self::WINDOW + Self::PENALTY;
+        if let Some((count, first)) = failures.get(&ip)
+            && *count >= Self::MAX_FAILURES
+        {
+            let until = *first + over;
+            if let Some(wait) = until.checked_duration_since(now).filter(|w| !w.is_zero()) {
+                return Err(wait);
+            }
+        }
         if failures.len() >= Self::MAX_ADDRESSES {
             failures.retain(|_, (_, first)| now.duration_since(*first) < over);
         }
-        if failures.len() >= Self::MAX_ADDRESSES {
-            return;
+        if failures.len() >= Self::MAX_ADDRESSES && !failures.contains_key(&ip) {
+            // Too many addresses at once: refuse rather than forget who failed.
+            return Err(Self::PENALTY);
         }
         let entry = failures.entry(ip).or_insert((0, now));
         if now.duration_since(entry.1) >= over {
             *entry = (0, now);
         }
         entry.0 += 1;
+        Ok(())
+    }
+
+    /// Addresses are counted by IPv4 address or IPv6 /64 (one host may hold a whole /64).
+    fn network(ip: std::net::IpAddr) -> std::net::IpAddr {
+        match ip {
+            std::net::IpAddr::V6(v6) => {
+                let mut octets = v6.octets();
+                octets[8..].fill(0);
+                std::net::IpAddr::V6(std::net::Ipv6Addr::from(octets))
+            }
+            v4 => v4,
+        }
     }
 
     /// A successful login from `ip`: its count starts again.
     pub fn succeeded(&self, ip: std::net::IpAddr) {
+        let ip = Self::network(ip);
         let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        if failures
-            .get(&ip)
-            .is_some_and(|(count, _)| *count < Self::MAX_FAILURES)
-        {
-            failures.remove(&ip);
+        if let Some((count, _)) = failures.get_mut(&ip) {
+            if *count < Self::MAX_FAILURES {
+                failures.remove(&ip);
+            } else {
+                *count -= 1;
+            }
         }
     }
 }
@@ -210,21 +222,26 @@ mod tests {
         let guard = LoginGuard::default();
         let ip: std::net::IpAddr = "10.0.0.7".parse().unwrap();
         let other: std::net::IpAddr = "10.0.0.8".parse().unwrap();
+        // Four failures, then a success: the count starts again.
         for _ in 0..LoginGuard::MAX_FAILURES - 1 {
-            guard.failed(ip);
-            assert!(guard.check(ip).is_ok());
+            assert!(guard.attempt(ip).is_ok());
         }
+        assert!(guard.attempt(ip).is_ok());
         guard.succeeded(ip);
+        // Five attempts sent at once, none answered yet: the sixth waits.
         for _ in 0..LoginGuard::MAX_FAILURES {
-            assert!(guard.check(ip).is_ok());
-            guard.failed(ip);
+            assert!(guard.attempt(ip).is_ok());
         }
-        let wait = guard.check(ip).unwrap_err();
+        let wait = guard.attempt(ip).unwrap_err();
         assert!(wait > LoginGuard::PENALTY && wait <= LoginGuard::WINDOW + LoginGuard::PENALTY);
-        // A success does not lift the lock; other addresses are not affected.
-        guard.succeeded(ip);
-        assert!(guard.check(ip).is_err());
-        assert!(guard.check(other).is_ok());
+        assert!(guard.attempt(other).is_ok());
+        // One IPv6 /64 is one address.
+        let a: std::net::IpAddr = "2001:db8::1".parse().unwrap();
+        let b: std::net::IpAddr = "2001:db8::ffff:2".parse().unwrap();
+        for _ in 0..LoginGuard::MAX_FAILURES {
+            assert!(guard.attempt(a).is_ok());
+        }
+        assert!(guard.attempt(b).is_err());
     }
 
     #[test]

@@ -80,6 +80,15 @@ impl std::fmt::Debug for JwtValidator {
 impl JwtValidator {
     /// Reads the provider's keys (file, or URL at start).
     pub async fn new(config: JwtConfig) -> Result<Self> {
+        // Without both, tokens the provider issued for other applications (or, with keys
+        // shared by many tenants, other tenants) would be taken.
+        if config.issuer.is_none() || config.audience.is_none() {
+            return Err(BasinError::Invalid(
+                "[flight_sql.jwt] needs `issuer` and `audience`: the `iss` and an `aud` Basin's \
+                 tokens carry, so that tokens for other applications are refused"
+                    .into(),
+            ));
+        }
         let keys = load_keys(&config).await?;
         Ok(Self {
             config,

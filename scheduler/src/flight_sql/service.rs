@@ -936,7 +936,7 @@ impl FlightSqlService for BasinFlightSqlService {
                              sets [flight_sql] allow_plaintext_passwords = true"
                         )));
                     }
-                    if let Err(wait) = self.logins.check(ip) {
+                    if let Err(wait) = self.logins.attempt(ip) {
                         return Err(Status::unavailable(format!(
                             "too many failed logins from {ip}: try again in {} s",
                             wait.as_secs().max(1)
@@ -956,9 +956,6 @@ impl FlightSqlService for BasinFlightSqlService {
                     .await
                     .unwrap_or(false);
                 if !ok {
-                    if let Some(ip) = client {
-                        self.logins.failed(ip);
-                    }
                     return Err(Status::unauthenticated("wrong user name or password"));
                 }
                 if let Some(ip) = client {
