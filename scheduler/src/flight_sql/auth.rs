@@ -156,11 +156,12 @@ impl LoginGuard {
     pub fn succeeded(&self, ip: std::net::IpAddr) {
         let ip = Self::network(ip);
         let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        // This attempt was counted when it arrived; below the limit without it, the address
+        // starts again.
         if let Some((count, _)) = failures.get_mut(&ip) {
+            *count = count.saturating_sub(1);
             if *count < Self::MAX_FAILURES {
                 failures.remove(&ip);
-            } else {
-                *count -= 1;
             }
         }
     }
