@@ -198,7 +198,8 @@ fn now_seconds() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// `bytes` as lower-case hexadecimal.
+pub fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write;
     bytes.iter().fold(String::new(), |mut out, b| {
         let _ = write!(out, "{b:02x}");

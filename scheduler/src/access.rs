@@ -232,6 +232,12 @@ impl Rules {
                     })
                     .transpose()
             };
+        let who = |user: &Option<String>, group: &Option<String>| {
+            Ok::<_, String>(Who {
+                user: regex("user", user)?,
+                group: regex("group", group)?,
+            })
+        };
         let catalogs = spec
             .catalogs
             .map(|rules| {
@@ -241,10 +247,7 @@ impl Rules {
                     .map(|(i, r)| {
                         let at = |e: String| format!("catalogs rule {}: {e}", i + 1);
                         Ok(CatalogRule {
-                            who: Who {
-                                user: regex("user", &r.user).map_err(at)?,
-                                group: regex("group", &r.group).map_err(at)?,
-                            },
+                            who: who(&r.user, &r.group).map_err(at)?,
                             catalog: regex("catalog", &r.catalog).map_err(at)?,
                             allow: match r.allow.to_ascii_lowercase().as_str() {
                                 "all" => CatalogAccess::All,
@@ -270,10 +273,7 @@ impl Rules {
                     .map(|(i, r)| {
                         let at = |e: String| format!("tables rule {}: {e}", i + 1);
                         Ok(TableRule {
-                            who: Who {
-                                user: regex("user", &r.user).map_err(at)?,
-                                group: regex("group", &r.group).map_err(at)?,
-                            },
+                            who: who(&r.user, &r.group).map_err(at)?,
                             catalog: regex("catalog", &r.catalog).map_err(at)?,
                             schema: regex("schema", &r.schema).map_err(at)?,
                             table: regex("table", &r.table).map_err(at)?,
@@ -380,9 +380,19 @@ impl AccessControl {
         })
     }
 
-    /// The rules now: read again when the file changed. A file that no longer parses keeps
-    /// the last good rules (and says why in the log).
+    /// The rules as last read (no file access: for lookups below a catalog).
     pub fn rules(&self) -> Arc<Rules> {
+        self.loaded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .1
+            .clone()
+    }
+
+    /// The rules now: read again when the file changed. A file that no longer parses keeps
+    /// the last good rules (and says why in the log). One `stat` per call: called where a
+    /// statement or a listing starts looking up catalogs, not per table.
+    pub fn current(&self) -> Arc<Rules> {
         let modified = std::fs::metadata(&self.path)
             .and_then(|m| m.modified())
             .ok();
@@ -505,9 +515,6 @@ pub fn check_plan(
     plan: &datafusion::logical_expr::LogicalPlan,
     defaults: (&str, &str),
 ) -> Result<()> {
-    use basin_connectors::iceberg::{
-        IcebergAlterTable, IcebergCreateTable, IcebergMergeNode, IcebergProcedure,
-    };
     use datafusion::common::tree_node::TreeNodeRecursion;
     use datafusion::logical_expr::{DdlStatement, LogicalPlan, WriteOp};
     let iceberg = |catalog: &str, namespace: &[String], name: &str| {
@@ -567,34 +574,17 @@ pub fn check_plan(
                 }
             }
             LogicalPlan::Extension(e) => {
-                let any = e.node.as_any();
-                if let Some(c) = any.downcast_ref::<IcebergCreateTable>() {
-                    let table = iceberg(c.catalog.name(), &c.namespace.clone().inner(), &c.name);
-                    check(Privilege::Ownership, &table)?;
+                if let Some(change) = iceberg_change(e.node.as_ref()) {
+                    for privilege in change.privileges {
+                        check(*privilege, &change.table)?;
+                    }
                     // CREATE TABLE … AS reads its query (not an input of the node).
-                    if let Some(query) = &c.query {
+                    if let Some(query) = change.query {
                         check_plan(access, query, defaults)?;
                     }
-                } else if let Some(a) = any.downcast_ref::<IcebergAlterTable>() {
-                    let table = iceberg(
-                        a.catalog.name(),
-                        &a.ident.namespace.clone().inner(),
-                        &a.ident.name,
-                    );
-                    check(Privilege::Ownership, &table)?;
-                } else if let Some(p) = any.downcast_ref::<IcebergProcedure>() {
-                    let table = iceberg(
-                        p.catalog.name(),
-                        &p.ident.namespace.clone().inner(),
-                        &p.ident.name,
-                    );
-                    check(Privilege::Ownership, &table)?;
-                } else if let Some(m) = any.downcast_ref::<IcebergMergeNode>() {
-                    let table = iceberg(&m.target.catalog, &m.target.namespace, &m.target.name);
-                    for privilege in [Privilege::Insert, Privilege::Update, Privilege::Delete] {
-                        check(privilege, &table)?;
+                    if change.reads_target {
+                        targets.push(change.table);
                     }
-                    targets.push(table);
                 }
             }
             LogicalPlan::TableScan(scan) => {
@@ -733,6 +723,67 @@ pub async fn show_grants(ctx: &SessionContext) -> Result<datafusion::logical_exp
         .build()
 }
 
+/// What one of Basin's Iceberg change nodes changes.
+pub(crate) struct IcebergChange<'a> {
+    pub table: TableReference,
+    /// What the user needs on `table`.
+    pub privileges: &'static [Privilege],
+    /// The query a `CREATE TABLE … AS` reads (not an input of its node).
+    pub query: Option<&'a datafusion::logical_expr::LogicalPlan>,
+    /// The change reads its target's rows itself (MERGE).
+    pub reads_target: bool,
+}
+
+/// The table an Iceberg DDL, procedure or MERGE node changes; `None` for other nodes.
+pub(crate) fn iceberg_change(
+    node: &dyn datafusion::logical_expr::UserDefinedLogicalNode,
+) -> Option<IcebergChange<'_>> {
+    use basin_connectors::iceberg::{
+        IcebergAlterTable, IcebergCreateTable, IcebergMergeNode, IcebergProcedure,
+    };
+    let reference = |catalog: &str, namespace: Vec<String>, name: &str| {
+        TableReference::full(catalog, namespace.join("."), name)
+    };
+    let owner = |table, query| IcebergChange {
+        table,
+        privileges: &[Privilege::Ownership],
+        query,
+        reads_target: false,
+    };
+    let any = node.as_any();
+    if let Some(c) = any.downcast_ref::<IcebergCreateTable>() {
+        let table = reference(c.catalog.name(), c.namespace.clone().inner(), &c.name);
+        return Some(owner(table, c.query.as_ref()));
+    }
+    if let Some(a) = any.downcast_ref::<IcebergAlterTable>() {
+        let table = reference(
+            a.catalog.name(),
+            a.ident.namespace.clone().inner(),
+            &a.ident.name,
+        );
+        return Some(owner(table, None));
+    }
+    if let Some(p) = any.downcast_ref::<IcebergProcedure>() {
+        let table = reference(
+            p.catalog.name(),
+            p.ident.namespace.clone().inner(),
+            &p.ident.name,
+        );
+        return Some(owner(table, None));
+    }
+    let m = any.downcast_ref::<IcebergMergeNode>()?;
+    Some(IcebergChange {
+        table: reference(
+            &m.target.catalog,
+            m.target.namespace.clone(),
+            &m.target.name,
+        ),
+        privileges: &[Privilege::Insert, Privilege::Update, Privilege::Delete],
+        query: None,
+        reads_target: true,
+    })
+}
+
 /// The table name without the time-travel suffix the parser put there.
 fn strip_version(table: &str) -> &str {
     table
@@ -760,7 +811,7 @@ impl CatalogProviderList for GuardedCatalogList {
     }
 
     fn catalog_names(&self) -> Vec<String> {
-        let rules = self.access.control.rules();
+        let rules = self.access.control.current();
         self.inner
             .catalog_names()
             .into_iter()
@@ -769,7 +820,7 @@ impl CatalogProviderList for GuardedCatalogList {
     }
 
     fn catalog(&self, name: &str) -> Option<Arc<dyn CatalogProvider>> {
-        let rules = self.access.control.rules();
+        let rules = self.access.control.current();
         if !rules.may_see(&self.access.subject, name, None) {
             return None;
         }
@@ -906,8 +957,11 @@ fn restricted_view(
 ) -> Result<Arc<dyn TableProvider>> {
     let schema = table.schema();
     let df_schema = DFSchema::try_from_qualified_schema(reference.clone(), &schema)?;
-    // Expressions are read by a plain session: built-in functions only.
-    let parser = SessionContext::new();
+    // Expressions are read by a plain session (built-in functions only), made once: a
+    // session registers every function, and tables are looked up on every statement.
+    static PARSER: std::sync::LazyLock<SessionContext> =
+        std::sync::LazyLock::new(SessionContext::new);
+    let parser = &*PARSER;
     let bad = |what: &str, text: &str, e: DataFusionError| {
         DataFusionError::Plan(format!(
             "the access rules' {what} `{text}` for `{reference}` cannot be used: {}",

@@ -145,9 +145,6 @@ impl Drop for Audited {
 /// The tables a plan reads (scans, subqueries included) and writes (DML, DDL, Iceberg
 /// changes), each once, in order.
 pub fn objects(plan: &LogicalPlan) -> (Vec<String>, Vec<String>) {
-    use basin_connectors::iceberg::{
-        IcebergAlterTable, IcebergCreateTable, IcebergMergeNode, IcebergProcedure,
-    };
     let mut read: Vec<String> = Vec::new();
     let mut written: Vec<String> = Vec::new();
     let add = |list: &mut Vec<String>, name: String| {
@@ -175,38 +172,11 @@ pub fn objects(plan: &LogicalPlan) -> (Vec<String>, Vec<String>) {
                 }
             }
             LogicalPlan::Extension(e) => {
-                let any = e.node.as_any();
-                if let Some(query) = any
-                    .downcast_ref::<IcebergCreateTable>()
-                    .and_then(|c| c.query.as_ref())
-                {
-                    for name in objects(query).0 {
+                if let Some(change) = crate::access::iceberg_change(e.node.as_ref()) {
+                    for name in change.query.map(|q| objects(q).0).unwrap_or_default() {
                         add(&mut read, name);
                     }
-                }
-                let name = if let Some(c) = any.downcast_ref::<IcebergCreateTable>() {
-                    Some(format!(
-                        "{}.{}.{}",
-                        c.catalog.name(),
-                        c.namespace.clone().inner().join("."),
-                        c.name
-                    ))
-                } else if let Some(a) = any.downcast_ref::<IcebergAlterTable>() {
-                    Some(format!("{}.{}", a.catalog.name(), a.ident))
-                } else if let Some(p) = any.downcast_ref::<IcebergProcedure>() {
-                    Some(format!("{}.{}", p.catalog.name(), p.ident))
-                } else {
-                    any.downcast_ref::<IcebergMergeNode>().map(|m| {
-                        format!(
-                            "{}.{}.{}",
-                            m.target.catalog,
-                            m.target.namespace.join("."),
-                            m.target.name
-                        )
-                    })
-                };
-                if let Some(name) = name {
-                    add(&mut written, name);
+                    add(&mut written, change.table.to_string());
                 }
             }
             _ => {}

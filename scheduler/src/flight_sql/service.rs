@@ -164,8 +164,7 @@ impl BasinFlightSqlService {
                     }
                 };
                 use sha2::Digest;
-                let digest = sha2::Sha256::digest(token.as_bytes());
-                let key: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+                let key = basin_core::cluster::hex(&sha2::Sha256::digest(token.as_bytes()));
                 return Ok(Caller {
                     key: format!("jwt:{key}"),
                     user: identity.user,
