@@ -208,6 +208,8 @@ struct BasinQueryPlanner {
     single_node_max_bytes: u64,
     /// `[server] streamed_exchanges`: bigger ones run in stages streaming to each other.
     streamed_exchanges: bool,
+    /// Where jobs go (and are cancelled when nobody reads them any more).
+    scheduler_url: String,
 }
 
 impl std::fmt::Debug for BasinQueryPlanner {
@@ -235,6 +237,7 @@ impl BasinQueryPlanner {
             cluster,
             single_node_max_bytes,
             streamed_exchanges,
+            scheduler_url: scheduler_url.to_string(),
         }
     }
 }
@@ -726,7 +729,10 @@ impl BasinQueryPlanner {
         // Awkward table names survive the trip to the scheduler (see `portable_names`).
         let plan = portable_names(crate::prefilter::without_prefilters(plan)?)?;
         let job = self.distributed.create_physical_plan(&plan, state).await?;
-        Ok(crate::job_errors::plain_job_errors(job))
+        Ok(crate::job_errors::plain_job_errors(
+            job,
+            &self.scheduler_url,
+        ))
     }
 }
 

@@ -1,4 +1,12 @@
-//! A Ballista job's memory error, as the executor wrote it.
+//! A Ballista job seen from the front end: its memory error as the executor wrote it, and
+//! the job cancelled when nobody reads its rows any more.
+//!
+//! A client that stops reading (a shell's Ctrl-C, a test runner's deadline, a caller that
+//! drops the stream) drops Ballista's `DistributedQueryExec` stream, which only stops
+//! polling: the job went on running, holding its task slots, and every later job waited
+//! behind it (DataFusion's sqllogictest corpus on the jobs route timed out file after file
+//! that way). [`JobErrorsExec`]'s stream cancels its job on the scheduler when it is dropped
+//! before its last row.
 //!
 //! Ballista 53 sends a failed task's error to the scheduler as Rust debug text, twice over
 //! (`Task failed due to runtime execution error: DataFusionError(Execution("DataFusionError(
@@ -12,18 +20,33 @@
 use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use ballista_core::execution_plans::DistributedQueryExec;
+use ballista_core::extension::{BallistaConfigGrpcEndpoint, SessionConfigExt};
+use ballista_core::serde::protobuf::CancelJobParams;
+use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
+use ballista_core::utils::create_grpc_client_endpoint;
 use datafusion::arrow::error::ArrowError;
+use datafusion::arrow::record_batch::RecordBatch;
 use datafusion::error::{DataFusionError, Result};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
-use futures::TryStreamExt;
+use datafusion_proto::protobuf::LogicalPlanNode;
+use futures::{StreamExt, TryStreamExt};
 
-/// `plan` (a Ballista job), whose memory errors come out plain.
-pub(crate) fn plain_job_errors(plan: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+/// `plan` (a Ballista job submitted to the scheduler at `scheduler_url`), whose memory
+/// errors come out plain and which is cancelled when its stream is dropped unfinished.
+pub(crate) fn plain_job_errors(
+    plan: Arc<dyn ExecutionPlan>,
+    scheduler_url: &str,
+) -> Arc<dyn ExecutionPlan> {
     if plan.name() == "DistributedQueryExec" {
-        Arc::new(JobErrorsExec { job: plan })
+        Arc::new(JobErrorsExec {
+            job: plan,
+            scheduler_url: scheduler_url.to_string(),
+        })
     } else {
         plan
     }
@@ -33,6 +56,7 @@ pub(crate) fn plain_job_errors(plan: Arc<dyn ExecutionPlan>) -> Arc<dyn Executio
 #[derive(Debug)]
 pub(crate) struct JobErrorsExec {
     job: Arc<dyn ExecutionPlan>,
+    scheduler_url: String,
 }
 
 impl DisplayAs for JobErrorsExec {
@@ -63,7 +87,10 @@ impl ExecutionPlan for JobErrorsExec {
         mut children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         match (children.pop(), children.is_empty()) {
-            (Some(job), true) => Ok(Arc::new(JobErrorsExec { job })),
+            (Some(job), true) => Ok(Arc::new(JobErrorsExec {
+                job,
+                scheduler_url: self.scheduler_url.clone(),
+            })),
             _ => Err(DataFusionError::Internal(
                 "JobErrorsExec takes one child".to_string(),
             )),
@@ -75,13 +102,121 @@ impl ExecutionPlan for JobErrorsExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let stream = self.job.execute(partition, context)?;
+        let stream = self.job.execute(partition, context.clone())?;
         let schema = stream.schema();
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            schema,
-            stream.map_err(plain),
-        )))
+        let job = CancelOnDrop {
+            job: Arc::clone(&self.job),
+            scheduler_url: self.scheduler_url.clone(),
+            context,
+            rows: Some(Box::pin(stream.map_err(plain))),
+        };
+        let stream = futures::stream::unfold(job, |mut job| async move {
+            let rows = job.rows.as_mut()?;
+            match rows.next().await {
+                Some(Ok(batch)) => Some((Ok(batch), job)),
+                // An error ends the job (Ballista fails it), as does the last row: nothing
+                // is left to cancel.
+                Some(Err(e)) => {
+                    job.rows = None;
+                    Some((Err(e), job))
+                }
+                None => {
+                    job.ended();
+                    None
+                }
+            }
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, stream)))
     }
+}
+
+type Rows = std::pin::Pin<Box<dyn futures::Stream<Item = Result<RecordBatch>> + Send>>;
+
+/// A job's rows; the job is cancelled on the scheduler when they are dropped before they
+/// ended.
+struct CancelOnDrop {
+    job: Arc<dyn ExecutionPlan>,
+    scheduler_url: String,
+    context: Arc<TaskContext>,
+    /// `None` once the job's stream ended.
+    rows: Option<Rows>,
+}
+
+impl CancelOnDrop {
+    /// The job's stream ended: nothing to cancel.
+    fn ended(mut self) {
+        self.rows = None;
+    }
+}
+
+/// How long a dropped job's submission may take to tell its id before it is given up.
+const SUBMISSION_PATIENCE: Duration = Duration::from_secs(30);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some(mut rows) = self.rows.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let job = Arc::clone(&self.job);
+        let job_id = move || {
+            job.as_any()
+                .downcast_ref::<DistributedQueryExec<LogicalPlanNode>>()
+                .and_then(|job| job.job_id())
+        };
+        let url = self.scheduler_url.clone();
+        let endpoint_override = self
+            .context
+            .session_config()
+            .ballista_override_create_grpc_client_endpoint();
+        runtime.spawn(async move {
+            // Dropped while the job was being submitted: the scheduler may have accepted
+            // it, and its id comes with the answer. The submission goes on until then.
+            let started = Instant::now();
+            let mut id = job_id();
+            while id.is_none() && started.elapsed() < SUBMISSION_PATIENCE {
+                match tokio::time::timeout(Duration::from_millis(20), rows.next()).await {
+                    // Ended or failed: nothing runs any more.
+                    Ok(None) | Ok(Some(Err(_))) => return,
+                    Ok(Some(Ok(_))) | Err(_) => id = job_id(),
+                }
+            }
+            drop(rows);
+            let Some(id) = id else {
+                tracing::warn!("a job nobody reads any more did not tell its id in time; it runs to its end");
+                return;
+            };
+            match cancel_job(&url, endpoint_override, &id).await {
+                Ok(()) => tracing::info!(job = %id, "cancelled a job nobody reads any more"),
+                Err(e) => tracing::warn!(job = %id, error = %e, "cannot cancel a job nobody reads any more"),
+            }
+        });
+    }
+}
+
+/// Asks the scheduler at `url` to cancel `job_id`, with the session's call proof.
+async fn cancel_job(
+    url: &str,
+    endpoint_override: Option<Arc<BallistaConfigGrpcEndpoint>>,
+    job_id: &str,
+) -> std::result::Result<(), String> {
+    let mut endpoint =
+        create_grpc_client_endpoint(url.to_string(), None).map_err(|e| e.to_string())?;
+    if let Some(customize) = endpoint_override {
+        endpoint = customize
+            .configure_endpoint(endpoint)
+            .map_err(|e| e.to_string())?;
+    }
+    let channel = endpoint.connect().await.map_err(|e| e.to_string())?;
+    SchedulerGrpcClient::new(channel)
+        .cancel_job(CancelJobParams {
+            job_id: job_id.to_string(),
+        })
+        .await
+        .map_err(|e| e.message().to_string())?;
+    Ok(())
 }
 
 /// The executor's `ResourcesExhausted` error inside `e`, else `e`.

@@ -195,6 +195,12 @@ impl ClusterView {
         removed
     }
 
+    /// The ids of the jobs that have not ended.
+    pub fn running_jobs(&self) -> Vec<String> {
+        let active = self.server.state.task_manager.get_running_job_cache();
+        active.keys().cloned().collect()
+    }
+
     /// Cancels the running jobs named `name`; returns how many.
     pub async fn cancel_jobs_named(&self, name: &str) -> usize {
         // The cache of active jobs: listing all jobs fails as soon as one finished job's

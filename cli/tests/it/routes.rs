@@ -43,3 +43,64 @@ fn recursive_queries_answer_on_every_route() {
         );
     }
 }
+
+/// A Ballista job whose rows nobody reads any more is cancelled: a client that drops the
+/// stream (a shell's Ctrl-C, a runner's deadline) used to leave its job running, holding
+/// task slots that every later job waited for.
+#[test]
+fn a_job_nobody_reads_is_cancelled() {
+    use basin_cli::cluster::{StandaloneCluster, StandaloneOptions};
+    use futures::StreamExt;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let data_dir = crate::scratch_dir("cancel-job");
+        let mut config = basin_core::BasinConfig::embedded();
+        config.server.data_dir = std::path::PathBuf::from(data_dir.as_os_str());
+        config.server.streamed_stages = false; // every query a Ballista job
+        let cluster = StandaloneCluster::start(Arc::new(config), StandaloneOptions::default())
+            .await
+            .unwrap();
+        let view = cluster.scheduler().cluster_view();
+        let ctx = cluster.connect().unwrap();
+        // Minutes of work in a debug build: a self-join of 6M generated rows.
+        let df = ctx
+            .sql(
+                "SELECT count(*) FROM tpch.sf1.lineitem a JOIN tpch.sf1.lineitem b \
+                 ON a.l_orderkey = b.l_orderkey AND a.l_linenumber <> b.l_linenumber",
+            )
+            .await
+            .unwrap();
+        let mut stream = df.execute_stream().await.unwrap();
+        // Polled until the scheduler runs the job, then dropped unfinished.
+        let started = Instant::now();
+        while view.running_jobs().is_empty() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the job never started"
+            );
+            let _ = tokio::time::timeout(Duration::from_millis(100), stream.next()).await;
+        }
+        let job = view.running_jobs();
+        drop(stream);
+        let dropped = Instant::now();
+        while !view.running_jobs().is_empty() {
+            assert!(
+                dropped.elapsed() < Duration::from_secs(15),
+                "job {job:?} still running 15 s after its stream was dropped"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // The slots are free: the next job answers.
+        let rows = ctx
+            .sql("SELECT count(*) AS n FROM tpch.tiny.nation GROUP BY n_regionkey ORDER BY 1")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        assert_eq!(rows.iter().map(|b| b.num_rows()).sum::<usize>(), 5);
+    });
+}
