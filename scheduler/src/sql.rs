@@ -82,6 +82,13 @@ fn check_locations(sandbox: &Sandbox, plan: &LogicalPlan) -> Result<()> {
             }
             LogicalPlan::Copy(copy) => check("COPY … TO", &copy.output_url)?,
             LogicalPlan::Extension(e) => {
+                // Files registered where they are: the session must be allowed to read
+                // them (each listed file is checked again when the procedure runs).
+                if let Some(procedure) = e.node.as_any().downcast_ref::<IcebergProcedure>()
+                    && let Procedure::AddFiles { location, .. } = &procedure.procedure
+                {
+                    check("add_files", location)?
+                }
                 if let Some(create) = e.node.as_any().downcast_ref::<IcebergCreateTable>() {
                     if let Some(location) = create.options.location.as_deref() {
                         check_table("CREATE TABLE … WITH (location)", location)?
@@ -626,7 +633,7 @@ async fn plan_procedure(
             return Err(DataFusionError::Plan(format!(
                 "CALL {}: Basin's procedures are CALL [catalog.]system.<procedure>(table => \
                  'name', ...): expire_snapshots, remove_orphan_files, rollback_to_snapshot, \
-                 set_current_snapshot",
+                 set_current_snapshot, optimize, add_files",
                 function.name
             )));
         }

@@ -466,3 +466,115 @@ def test_merge_matches_duckdb(flight_url, pyiceberg_catalog, namespace):
     with pytest.raises(Exception, match="more than one source row"):
         sql(flight_url, MERGE_SQL.format(target=f"rest.{namespace}.target", source=dup))
     assert len(pyiceberg_catalog.load_table(f"{namespace}.target").snapshots()) == snapshots
+
+
+def s3_filesystem():
+    import os
+    from pyarrow import fs as pafs
+    endpoint = os.environ["BASIN_TEST_S3_ENDPOINT"]
+    return pafs.S3FileSystem(
+        access_key=os.environ["BASIN_TEST_S3_ACCESS_KEY"],
+        secret_key=os.environ["BASIN_TEST_S3_SECRET_KEY"],
+        endpoint_override=endpoint, scheme=endpoint.split("://")[0],
+        region=os.environ["BASIN_TEST_S3_REGION"], force_virtual_addressing=False)
+
+
+def test_add_files_checks_each_file(flight_url, pyiceberg_catalog, namespace):
+    """`add_files` over a folder of Parquet files (Hive-style partition folders), each checked
+    before anything is committed: good files land (one with an int id promoted to the table's
+    bigint, one without the partition column, whose folder gives it), and a file of the wrong
+    type, one with nulls in a required column, one whose rows span two partitions, one in the
+    folder of another partition and a copy of a good file are each rejected with the reason.
+    A dry run commits nothing; a second run finds them all in the table already; pyiceberg
+    reads exactly what Basin reads."""
+    import os
+    import pyarrow.parquet as pq
+
+    bucket = os.environ["BASIN_TEST_S3_BUCKET"]
+    folder = f"{bucket}/{namespace}/import"
+    s3 = s3_filesystem()
+
+    def put(name, table):
+        pq.write_table(table, f"{folder}/{name}", filesystem=s3)
+
+    schema = pa.schema([("id", pa.int64()), ("city", pa.string()), ("amount", pa.float64())])
+    good = pa.table({"id": [1, 2], "city": ["ams", "ams"], "amount": [1.0, 2.0]}, schema=schema)
+    put("city=ams/a_good.parquet", good)
+    put("city=ams/b_int_id.parquet", pa.table({
+        "id": pa.array([4], pa.int32()), "city": ["ams"], "amount": [4.0]}))
+    put("city=ber/c_no_city.parquet", pa.table({"id": [3], "amount": [3.0]}))
+    put("city=ams/d_amount_text.parquet", pa.table({"id": [5], "city": ["ams"], "amount": ["5"]}))
+    put("city=ams/e_null_id.parquet", pa.table(
+        {"id": [6, None], "city": ["ams", "ams"], "amount": [6.0, 7.0]}, schema=schema))
+    put("city=ams/f_two_cities.parquet", pa.table(
+        {"id": [8, 9], "city": ["ams", "cph"], "amount": [8.0, 9.0]}, schema=schema))
+    put("city=ams/g_other_city.parquet", pa.table(
+        {"id": [10], "city": ["cph"], "amount": [10.0]}, schema=schema))
+    put("city=ams/h_copy.parquet", good)
+    with s3.open_output_stream(f"{folder}/city=ams/_SUCCESS") as out:
+        out.write(b"")
+
+    table = f"rest.{namespace}.events"
+    sql(flight_url, f"CREATE TABLE {table} (id BIGINT NOT NULL, city VARCHAR, amount DOUBLE) "
+                    "WITH (partitioning = ARRAY['city'])")
+    location = f"s3://{folder}"
+
+    with pytest.raises(Exception, match="recursive_directory"):
+        sql(flight_url, f"ALTER TABLE {table} EXECUTE add_files(location => '{location}')")
+
+    def outcomes(dry_run):
+        out = sql(flight_url, f"ALTER TABLE {table} EXECUTE add_files(location => '{location}', "
+                              f"recursive_directory => 'true', dry_run => {str(dry_run).lower()})")
+        return {r["file_path"].rsplit("/", 1)[1]: (r["outcome"], r["reason"] or "")
+                for r in out.to_pylist()}
+
+    def check(got, added):
+        assert set(got) == {"a_good.parquet", "b_int_id.parquet", "c_no_city.parquet",
+                            "d_amount_text.parquet", "e_null_id.parquet", "f_two_cities.parquet",
+                            "g_other_city.parquet", "h_copy.parquet"}, got
+        for name in ("a_good.parquet", "b_int_id.parquet", "c_no_city.parquet"):
+            assert got[name] == (added, ""), (name, got[name])
+        reasons = {
+            "d_amount_text.parquet": "column `amount` is string in the file",
+            "e_null_id.parquet": "required column `id` has 1 nulls",
+            "f_two_cities.parquet": "several partitions of `city`",
+            "g_other_city.parquet": "its folder says `city` is",
+            "h_copy.parquet": "same content as",
+        }
+        for name, reason in reasons.items():
+            assert got[name][0] == "rejected" and reason in got[name][1], (name, got[name])
+
+    check(outcomes(dry_run=True), "would add")
+    assert pyiceberg_catalog.load_table(f"{namespace}.events").current_snapshot() is None
+    check(outcomes(dry_run=False), "added")
+
+    expected = [(1, "ams", 1.0), (2, "ams", 2.0), (3, "ber", 3.0), (4, "ams", 4.0)]
+    got = sql(flight_url, f"SELECT id, city, amount FROM {table} ORDER BY id").to_pylist()
+    assert [(r["id"], r["city"], r["amount"]) for r in got] == expected
+    got = sql(flight_url, f"SELECT count(*) AS n FROM {table} WHERE city = 'ber'").to_pylist()
+    assert got == [{"n": 1}]
+    py = pyiceberg_catalog.load_table(f"{namespace}.events")
+    assert len(py.snapshots()) == 1
+    assert "schema.name-mapping.default" in py.properties
+    read = py.scan().to_arrow().sort_by("id").to_pylist()
+    assert [(r["id"], r["city"], r["amount"]) for r in read] == expected
+
+    again = outcomes(dry_run=False)
+    for name in ("a_good.parquet", "b_int_id.parquet", "c_no_city.parquet"):
+        assert again[name][0] == "rejected" and "already in the table" in again[name][1], again
+    assert len(pyiceberg_catalog.load_table(f"{namespace}.events").snapshots()) == 1
+
+    # A row of the file without the partition column changes: its rewritten file keeps the
+    # row's partition value. Expiring the snapshot that read the original leaves the original
+    # where it was (it is the importer's, not the table's).
+    sql(flight_url, f"UPDATE {table} SET amount = amount + 10 WHERE id = 3")
+    expected[2] = (3, "ber", 13.0)
+    got = sql(flight_url, f"SELECT id, city, amount FROM {table} ORDER BY id").to_pylist()
+    assert [(r["id"], r["city"], r["amount"]) for r in got] == expected
+    read = pyiceberg_catalog.load_table(f"{namespace}.events").scan().to_arrow().sort_by("id")
+    assert [(r["id"], r["city"], r["amount"]) for r in read.to_pylist()] == expected
+    out = sql(flight_url, f"ALTER TABLE {table} EXECUTE expire_snapshots(retention_threshold => "
+                          "'0s', allow_short_retention => true, retain_last => 1)").to_pylist()
+    metrics = {r["metric_name"]: r["metric_value"] for r in out}
+    assert metrics["expired_snapshots_count"] == 1, metrics
+    assert s3.get_file_info(f"{folder}/city=ber/c_no_city.parquet").size > 0

@@ -471,10 +471,60 @@ pub(crate) async fn replace_files(
     properties: &[(&str, &str)],
     compaction: bool,
 ) -> Result<Replaced> {
-    let metadata = table.metadata();
-    let Some(base) = metadata.current_snapshot() else {
+    if table.metadata().current_snapshot().is_none() {
         return Ok(Replaced::default());
-    };
+    }
+    change_files(
+        committer,
+        table,
+        qualified,
+        remove,
+        added,
+        properties,
+        compaction,
+        Vec::new(),
+    )
+    .await
+}
+
+/// `added` (data files under the table's default partition spec, written or found elsewhere)
+/// appended to `table` as loaded, in one snapshot with `updates` (e.g. a property the files
+/// need), also to a table without a snapshot yet; only while `main` is where it was.
+pub(crate) async fn append_files(
+    committer: &Committer,
+    table: &Table,
+    qualified: &str,
+    added: Vec<DataFile>,
+    properties: &[(&str, &str)],
+    updates: Vec<TableUpdate>,
+) -> Result<()> {
+    change_files(
+        committer,
+        table,
+        qualified,
+        |_, _| Ok(false),
+        added,
+        properties,
+        false,
+        updates,
+    )
+    .await
+    .map(|_| ())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn change_files(
+    committer: &Committer,
+    table: &Table,
+    qualified: &str,
+    remove: impl Fn(&DataFile, &PartitionSpec) -> Result<bool>,
+    added: Vec<DataFile>,
+    properties: &[(&str, &str)],
+    compaction: bool,
+    extra_updates: Vec<TableUpdate>,
+) -> Result<Replaced> {
+    let metadata = table.metadata();
+    let base = metadata.current_snapshot();
     let v1 = match metadata.format_version() {
         FormatVersion::V1 => true,
         FormatVersion::V2 => false,
@@ -496,16 +546,21 @@ pub(crate) async fn replace_files(
     };
     let sequence = metadata.next_sequence_number();
     let commit_uuid = uuid::Uuid::new_v4();
-    let list = table
-        .manifest_list_reader(base)
-        .load()
-        .await
-        .map_err(iceberg_error)?;
-    let mut manifests: Vec<ManifestFile> = Vec::with_capacity(list.entries().len());
+    let listed: Vec<ManifestFile> = match base {
+        Some(base) => table
+            .manifest_list_reader(base)
+            .load()
+            .await
+            .map_err(iceberg_error)?
+            .entries()
+            .to_vec(),
+        None => Vec::new(),
+    };
+    let mut manifests: Vec<ManifestFile> = Vec::with_capacity(listed.len() + 1);
     let mut summary = SnapshotSummaryCollector::default();
     let mut replaced = Replaced::default();
     let mut removed_bytes = 0u64;
-    for (n, manifest) in list.entries().iter().enumerate() {
+    for (n, manifest) in listed.iter().enumerate() {
         if manifest.content != ManifestContentType::Data {
             manifests.push(manifest.clone());
             continue;
@@ -597,7 +652,7 @@ pub(crate) async fn replace_files(
         let path = format!(
             "{}/metadata/{commit_uuid}-m{}.avro",
             metadata.location().trim_end_matches('/'),
-            list.entries().len()
+            listed.len()
         );
         let output = file_io.new_output(&path).map_err(iceberg_error)?;
         let builder = ManifestWriterBuilder::new(
@@ -635,10 +690,11 @@ pub(crate) async fn replace_files(
         .writer()
         .await
         .map_err(iceberg_error)?;
+    let parent = base.map(|b| b.snapshot_id());
     let mut list_writer = if v1 {
-        ManifestListWriter::v1(list_file, snapshot_id, Some(base.snapshot_id()))
+        ManifestListWriter::v1(list_file, snapshot_id, parent)
     } else {
-        ManifestListWriter::v2(list_file, snapshot_id, Some(base.snapshot_id()), sequence)
+        ManifestListWriter::v2(list_file, snapshot_id, parent, sequence)
     };
     list_writer
         .add_manifests(manifests.into_iter())
@@ -647,12 +703,14 @@ pub(crate) async fn replace_files(
 
     // The summary: what changed, and the table's totals after it.
     let mut props = summary.build();
-    let previous = &base.summary().additional_properties;
+    let none = std::collections::HashMap::new();
+    let previous = base.map_or(&none, |b| &b.summary().additional_properties);
     let total = |key: &str, plus: u64, minus: u64| {
-        previous
-            .get(key)
-            .and_then(|v| v.parse::<u64>().ok())
-            .map(|v| (v + plus).saturating_sub(minus).to_string())
+        let before = match base {
+            Some(_) => previous.get(key).and_then(|v| v.parse::<u64>().ok()),
+            None => Some(0),
+        };
+        before.map(|v| (v + plus).saturating_sub(minus).to_string())
     };
     for (key, plus, minus) in [
         (
@@ -675,7 +733,7 @@ pub(crate) async fn replace_files(
     }
     let snapshot = Snapshot::builder()
         .with_snapshot_id(snapshot_id)
-        .with_parent_snapshot_id(Some(base.snapshot_id()))
+        .with_parent_snapshot_id(parent)
         .with_sequence_number(sequence)
         .with_timestamp_ms(chrono::Utc::now().timestamp_millis())
         .with_manifest_list(list_path)
@@ -690,13 +748,14 @@ pub(crate) async fn replace_files(
         })
         .with_schema_id(metadata.current_schema_id())
         .build();
-    let updates = vec![
+    let mut updates = extra_updates;
+    updates.extend([
         TableUpdate::AddSnapshot { snapshot },
         TableUpdate::SetSnapshotRef {
             ref_name: MAIN.to_string(),
             reference: SnapshotReference::new(snapshot_id, main_retention(table)),
         },
-    ];
+    ]);
     // Test hook: die with the files and the manifests written and nothing committed, as a
     // front end killed at that moment would. The table must stay at its old snapshot.
     if std::env::var_os("BASIN_TEST_KILL_BEFORE_COMMIT").is_some() {
@@ -704,12 +763,7 @@ pub(crate) async fn replace_files(
         std::process::abort();
     }
     committer
-        .commit(
-            table,
-            qualified,
-            main_unchanged(table, Some(base.snapshot_id())),
-            updates,
-        )
+        .commit(table, qualified, main_unchanged(table, parent), updates)
         .await?;
     Ok(replaced)
 }

@@ -18,6 +18,10 @@
 //!   snapshot, `set_current_snapshot(snapshot_id)` to any snapshot of the table; both return
 //!   the previous and the current snapshot id.
 //!
+//! - `add_files(location, recursive_directory, dry_run)`: existing Parquet files registered
+//!   after checking each ([`super::add_files`]). Files outside the table's own folders are
+//!   never deleted by `expire_snapshots`.
+//!
 //! The first two return Trino's metrics table (`metric_name`, `metric_value`); a dry run returns the
 //! files (`file_path`, `size_bytes`, `last_modified`).
 
@@ -48,6 +52,7 @@ use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use object_store::ObjectStoreExt;
 
+use super::add_files::Recursive;
 use super::catalog::{IcebergCatalog, error_text};
 use super::commit::iceberg_error;
 use super::storage::BasinStorage;
@@ -87,6 +92,12 @@ pub enum Procedure {
         /// Only files that may hold rows for which this SQL condition holds.
         filter: Option<String>,
     },
+    /// Existing Parquet files registered after checking each ([`super::add_files`]).
+    AddFiles {
+        location: String,
+        recursive: Recursive,
+        dry_run: bool,
+    },
 }
 
 /// Trino's default `file_size_threshold` of `optimize`.
@@ -112,11 +123,12 @@ impl Procedure {
             ],
             "rollback_to_snapshot" | "set_current_snapshot" => &["snapshot_id"],
             "optimize" => &["file_size_threshold", "filter"],
+            "add_files" => &["location", "format", "recursive_directory", "dry_run"],
             other => {
                 return Err(DataFusionError::Plan(format!(
                     "unknown table procedure `{other}`: Basin has expire_snapshots, \
-                     remove_orphan_files, rollback_to_snapshot, set_current_snapshot and \
-                     optimize"
+                     remove_orphan_files, rollback_to_snapshot, set_current_snapshot, \
+                     optimize and add_files"
                 )));
             }
         };
@@ -151,6 +163,41 @@ impl Procedure {
                 filter: values.get("filter").cloned(),
             });
         }
+        let boolean = |arg: &str| -> Result<bool> {
+            match values.get(arg).map(|v| v.to_ascii_lowercase()) {
+                None => Ok(false),
+                Some(v) if v == "true" => Ok(true),
+                Some(v) if v == "false" => Ok(false),
+                Some(v) => Err(DataFusionError::Plan(format!(
+                    "{name}: {arg} must be true or false, not `{v}`"
+                ))),
+            }
+        };
+        if name == "add_files" {
+            let location = values.get("location").cloned().ok_or_else(|| {
+                DataFusionError::Plan(
+                    "add_files needs location => '<folder or file>' (local path, file:// or \
+                     s3://)"
+                        .to_string(),
+                )
+            })?;
+            if let Some(format) = values.get("format")
+                && !format.eq_ignore_ascii_case("parquet")
+            {
+                return Err(DataFusionError::NotImplemented(format!(
+                    "add_files: format `{format}`: Basin adds Parquet files only"
+                )));
+            }
+            let recursive = match values.get("recursive_directory") {
+                Some(v) => Recursive::parse(v)?,
+                None => Recursive::Fail,
+            };
+            return Ok(Procedure::AddFiles {
+                location,
+                recursive,
+                dry_run: boolean("dry_run")?,
+            });
+        }
         if let "rollback_to_snapshot" | "set_current_snapshot" = name.as_str() {
             let id = values.get("snapshot_id").ok_or_else(|| {
                 DataFusionError::Plan(format!("{name} needs snapshot_id => <id>"))
@@ -173,16 +220,6 @@ impl Procedure {
             (Some(d), None) => Some(now_ms - parse_duration_ms(d)?),
             (None, Some(t)) => Some(parse_timestamp(t)?),
             (None, None) => None,
-        };
-        let boolean = |arg: &str| -> Result<bool> {
-            match values.get(arg).map(|v| v.to_ascii_lowercase()) {
-                None => Ok(false),
-                Some(v) if v == "true" => Ok(true),
-                Some(v) if v == "false" => Ok(false),
-                Some(v) => Err(DataFusionError::Plan(format!(
-                    "{name}: {arg} must be true or false, not `{v}`"
-                ))),
-            }
         };
         let short = older_than.is_some_and(|t| now_ms - t < DAY_MS);
         if short && !boolean("allow_short_retention")? {
@@ -228,6 +265,7 @@ impl Procedure {
             Procedure::RollbackToSnapshot { .. } => "rollback_to_snapshot",
             Procedure::SetCurrentSnapshot { .. } => "set_current_snapshot",
             Procedure::Optimize { .. } => "optimize",
+            Procedure::AddFiles { .. } => "add_files",
         }
     }
 
@@ -251,6 +289,7 @@ impl Procedure {
             }
             // The rows rewritten.
             Procedure::Optimize { .. } => super::write::count_schema(),
+            Procedure::AddFiles { .. } => super::add_files::schema(),
             _ => Arc::new(Schema::new(vec![
                 Field::new("metric_name", DataType::Utf8, false),
                 Field::new("metric_value", DataType::Int64, false),
@@ -451,10 +490,14 @@ impl ExecutionPlan for IcebergProcedureExec {
     fn execute(
         &self,
         _partition: usize,
-        _context: Arc<TaskContext>,
+        context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let node = self.node.clone();
         let schema = node.procedure.schema();
+        // A session's file sandbox, for the files a procedure reads outside its table.
+        let sandbox = context
+            .session_config()
+            .get_extension::<basin_core::sandbox::Sandbox>();
         let stream = futures::stream::once(async move {
             let catalog = node.catalog.clone();
             let what = format!("{} on `{}`", node.procedure.name(), node.qualified());
@@ -475,6 +518,22 @@ impl ExecutionPlan for IcebergProcedureExec {
                 Procedure::Optimize { .. } => Err(DataFusionError::Internal(
                     "optimize is planned by the front end".to_string(),
                 )),
+                Procedure::AddFiles {
+                    location,
+                    recursive,
+                    dry_run,
+                } => {
+                    super::add_files::add_files(
+                        node.catalog.committer(),
+                        table,
+                        &node.qualified(),
+                        location,
+                        *recursive,
+                        *dry_run,
+                        sandbox.as_deref(),
+                    )
+                    .await
+                }
             }
             .map_err(|e| e.context(what))
         });
@@ -656,6 +715,24 @@ async fn expire_snapshots(
             (Vec::new(), Vec::new(), Vec::new())
         }
     };
+    // Only files under the table's own folders: files registered where they were
+    // (`add_files`) belong to whoever put them there.
+    let owned = Owned::of(&before);
+    let (data_files, external): (Vec<String>, Vec<String>) =
+        data_files.into_iter().partition(|p| owned.holds(p));
+    if !external.is_empty() {
+        tracing::info!(
+            table = %node.qualified(),
+            files = external.len(),
+            "expire_snapshots keeps data files outside the table's location"
+        );
+    }
+    let delete_files: Vec<String> = delete_files
+        .into_iter()
+        .filter(|p| owned.holds(p))
+        .collect();
+    let candidates: Vec<String> = candidates.into_iter().filter(|p| owned.holds(p)).collect();
+    let lists: Vec<String> = lists.into_iter().filter(|p| owned.holds(p)).collect();
     let (data, e1) = delete_all(&before, data_files).await;
     let (deletes, e2) = delete_all(&before, delete_files).await;
     let (manifests, e3) = delete_all(&before, candidates).await;
@@ -674,6 +751,52 @@ async fn expire_snapshots(
             ("deleted_manifest_lists_count", manifest_lists),
         ],
     )
+}
+
+/// The folders a table's files are written to: its location and the write paths its
+/// properties name. What is elsewhere was put there by someone else.
+struct Owned {
+    storage: BasinStorage,
+    folders: Vec<(String, String)>,
+}
+
+impl Owned {
+    fn of(table: &Table) -> Self {
+        let metadata = table.metadata();
+        let storage = BasinStorage::new(table.file_io().config().props().clone());
+        let mut folders = Vec::new();
+        let locations = std::iter::once(metadata.location()).chain(
+            [
+                "write.data.path",
+                "write.metadata.path",
+                "write.object-storage.path",
+                "write.folder-storage.path",
+            ]
+            .iter()
+            .filter_map(|key| metadata.properties().get(*key).map(String::as_str)),
+        );
+        for location in locations {
+            if let Ok(places) = place(&storage, location) {
+                for (bucket, key) in places {
+                    folders.push((bucket, format!("{}/", key.trim_end_matches('/'))));
+                }
+            }
+        }
+        Self { storage, folders }
+    }
+
+    /// Whether `path` is under one of the table's folders (a path that cannot be placed is
+    /// not).
+    fn holds(&self, path: &str) -> bool {
+        let Ok(places) = place(&self.storage, path) else {
+            return false;
+        };
+        places.iter().any(|(bucket, key)| {
+            self.folders
+                .iter()
+                .any(|(b, folder)| b == bucket && key.starts_with(folder.as_str()))
+        })
+    }
 }
 
 /// `rollback_to_snapshot` (an ancestor of the current snapshot only) and
@@ -704,7 +827,7 @@ async fn move_main(node: &IcebergProcedure, table: Table, snapshot_id: i64) -> R
 /// Both spellings of its key are kept: the decoded one Basin reads it by, and the key as
 /// written in the location (writers percent-encode partition values: `%3A` for `:`), so
 /// that a listed key matches whichever the store reports.
-fn place(storage: &BasinStorage, location: &str) -> Result<[(String, String); 2]> {
+pub(super) fn place(storage: &BasinStorage, location: &str) -> Result<[(String, String); 2]> {
     let (_, path) = storage.resolve(location).map_err(|e| {
         DataFusionError::Execution(format!(
             "a file the table references cannot be located, so none is removed: {}",

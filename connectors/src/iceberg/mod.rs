@@ -7,6 +7,7 @@
 //!   ([`IcebergWriteExec`]); the front end then commits every file of the statement in one
 //!   snapshot ([`IcebergCommitExec`]).
 
+mod add_files;
 mod by_name;
 mod catalog;
 mod commit;
@@ -23,6 +24,7 @@ mod storage;
 mod table;
 mod write;
 
+pub use add_files::Recursive;
 pub use by_name::ByName;
 pub use catalog::{
     DEFAULT_SPLIT_SIZE, DEFAULT_TARGET_FILE_SIZE, IcebergCatalog, IcebergCatalogProvider,

@@ -59,7 +59,7 @@ use serde::{Deserialize, Serialize};
 
 use super::catalog::{IcebergCatalog, error_text};
 use super::commit::replace_files;
-use super::scan::{IcebergScanExec, ScanSpec};
+use super::scan::{IcebergScanExec, IdentityPartitions, ScanSpec};
 use super::table::{IcebergTableSpec, balance, pruning_predicate, strip_task};
 use super::write::{
     COMMIT_ID_PROPERTY, WriteSpec, Written, commit, count_schema, data_files_schema,
@@ -229,6 +229,9 @@ pub struct RewriteSpec {
     pub name_mapping: Option<String>,
     /// Whole data files (with their delete files), per task.
     pub groups: Vec<Vec<FileScanTask>>,
+    /// Their identity partition values (a file may leave such a column out).
+    #[serde(default)]
+    pub identity_partitions: IdentityPartitions,
     /// The condition (DataFusion protobuf, base64); `None`: every row.
     pub condition: Option<String>,
     /// `UPDATE`: the new value of each column (DataFusion protobuf, base64).
@@ -330,6 +333,7 @@ pub async fn plan_rewrite(
     if tasks.is_empty() {
         return Ok(None);
     }
+    let identity_partitions = IdentityPartitions::of(&tasks, false, &table.metadata);
     let tasks = tasks.into_iter().map(whole_file).collect();
     let groups = balance(
         tasks,
@@ -353,6 +357,7 @@ pub async fn plan_rewrite(
             .get("schema.name-mapping.default")
             .cloned(),
         groups,
+        identity_partitions,
         condition: condition.as_ref().map(encode).transpose()?,
         values: plan.values.iter().map(encode).collect::<Result<_>>()?,
         shown,
@@ -555,6 +560,7 @@ fn read_file(
         by_name: None,
         filter: None,
         row_identity: false,
+        identity_partitions: spec.identity_partitions.clone(),
     })?;
     scan.execute(0, context.clone())
 }
@@ -732,9 +738,14 @@ pub async fn plan_optimize(
         );
         partitions.entry(key).or_default().push(task);
     }
-    let groups: Vec<Vec<FileScanTask>> = partitions
+    let chosen: Vec<Vec<FileScanTask>> = partitions
         .into_values()
         .filter(|files| files.len() > 1 || files.iter().any(|t| !t.deletes.is_empty()))
+        .collect();
+    let identity_partitions =
+        IdentityPartitions::of(chosen.iter().flatten(), false, &table.metadata);
+    let groups: Vec<Vec<FileScanTask>> = chosen
+        .into_iter()
         .map(|files| files.into_iter().map(whole_file).collect())
         .collect();
     if groups.is_empty() {
@@ -758,6 +769,7 @@ pub async fn plan_optimize(
             .get("schema.name-mapping.default")
             .cloned(),
         groups,
+        identity_partitions,
         condition: None,
         values: values.iter().map(encode).collect::<Result<_>>()?,
         shown: format!("files under {threshold} bytes"),

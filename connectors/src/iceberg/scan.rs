@@ -91,6 +91,143 @@ pub struct ScanSpec {
     /// files are whole and read one at a time, without row filters.
     #[serde(default)]
     pub row_identity: bool,
+    /// The partition specs (JSON, by id) of the files below, when they have identity
+    /// fields over columns read; see [`IdentityPartitions`].
+    #[serde(default)]
+    pub identity_partitions: IdentityPartitions,
+}
+
+/// Whether `text` names `column` as a whole word.
+fn mentions(text: &str, column: &str) -> bool {
+    let word = |c: char| c.is_alphanumeric() || c == '_';
+    text.match_indices(column).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + column.len()..].chars().next();
+        !before.is_some_and(word) && !after.is_some_and(word)
+    })
+}
+
+/// Identity partition values of planned files, which travel beside the tasks (a task's own
+/// partition fields cannot be serialized): a file may leave an identity partition's column
+/// out (Hive-style files, files registered by `add_files`), and readers then take the
+/// column's value from the partition, as the Iceberg spec says.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct IdentityPartitions {
+    /// Partition specs (JSON) by id.
+    pub specs: BTreeMap<i32, String>,
+    /// Data file path → (spec id, partition values as Iceberg's JSON single-value form).
+    pub files: BTreeMap<String, (i32, serde_json::Value)>,
+}
+
+impl IdentityPartitions {
+    /// What `tasks` need: those whose spec has an identity field (over a column they read,
+    /// with `read_only`).
+    pub fn of<'a>(
+        tasks: impl IntoIterator<Item = &'a FileScanTask>,
+        read_only: bool,
+        metadata: &iceberg::spec::TableMetadata,
+    ) -> Self {
+        let mut out = Self::default();
+        let any_identity = metadata.partition_specs_iter().any(|s| {
+            s.fields()
+                .iter()
+                .any(|f| f.transform == iceberg::spec::Transform::Identity)
+        });
+        if !any_identity {
+            return out;
+        }
+        for task in tasks {
+            let Some(partition) = &task.partition else {
+                continue;
+            };
+            // iceberg-rust 0.10's planning leaves the task's spec out: the table's spec
+            // with as many fields as the partition has, when only one has.
+            let spec = match &task.partition_spec {
+                Some(spec) => spec,
+                None => {
+                    let mut fits = metadata
+                        .partition_specs_iter()
+                        .filter(|s| s.fields().len() == partition.fields().len());
+                    match (fits.next(), fits.next()) {
+                        (Some(spec), None) => spec,
+                        _ => continue,
+                    }
+                }
+            };
+            let wanted = spec.fields().iter().any(|f| {
+                f.transform == iceberg::spec::Transform::Identity
+                    && (!read_only || task.project_field_ids.contains(&f.source_id))
+            });
+            if !wanted {
+                continue;
+            }
+            let Ok(partition_type) = spec.partition_type(&task.schema) else {
+                continue;
+            };
+            let Ok(values) = iceberg::spec::Literal::Struct(partition.clone())
+                .try_into_json(&iceberg::spec::Type::Struct(partition_type))
+            else {
+                continue;
+            };
+            if !out.specs.contains_key(&spec.spec_id())
+                && let Ok(json) = serde_json::to_string(spec.as_ref())
+            {
+                out.specs.insert(spec.spec_id(), json);
+            }
+            out.files
+                .insert(task.data_file_path.clone(), (spec.spec_id(), values));
+        }
+        out
+    }
+
+    /// Gives `task` its partition values and spec back, when they travelled.
+    pub fn restore(&self, task: &mut FileScanTask) -> Result<()> {
+        let Some((spec_id, values)) = self.files.get(&task.data_file_path) else {
+            return Ok(());
+        };
+        let bad = |what: &str| {
+            DataFusionError::Internal(format!(
+                "the partition of `{}` did not survive the trip to the executor: {what}",
+                task.data_file_path
+            ))
+        };
+        let spec: iceberg::spec::PartitionSpec = self
+            .specs
+            .get(spec_id)
+            .ok_or_else(|| bad("no spec"))
+            .and_then(|json| serde_json::from_str(json).map_err(|e| bad(&e.to_string())))?;
+        let partition_type = spec
+            .partition_type(&task.schema)
+            .map_err(|e| bad(&error_text(&e)))?;
+        match iceberg::spec::Literal::try_from_json(
+            values.clone(),
+            &iceberg::spec::Type::Struct(partition_type),
+        ) {
+            Ok(Some(iceberg::spec::Literal::Struct(partition))) => {
+                // iceberg-rust's reader evaluates the task's predicate on the file's own
+                // columns: a file without the column would lose every row of a condition on
+                // it. Partition pruning already decided such conditions for the file, and
+                // DataFusion filters the rows above the scan.
+                if let Some(predicate) = &task.predicate {
+                    let text = predicate.to_string();
+                    let on_identity = spec
+                        .fields()
+                        .iter()
+                        .filter(|f| f.transform == iceberg::spec::Transform::Identity)
+                        .filter_map(|f| task.schema.field_by_id(f.source_id))
+                        .any(|f| mentions(&text, &f.name));
+                    if on_identity {
+                        task.predicate = None;
+                    }
+                }
+                task.partition = Some(partition);
+                task.partition_spec = Some(Arc::new(spec));
+                Ok(())
+            }
+            Ok(_) => Err(bad("not a struct")),
+            Err(e) => Err(bad(&error_text(&e))),
+        }
+    }
 }
 
 impl fmt::Debug for ScanSpec {
@@ -477,9 +614,10 @@ impl ExecutionPlan for IcebergScanExec {
             .cloned()
             .map(|mut t| {
                 t.name_mapping = name_mapping.clone();
-                t
+                self.spec.identity_partitions.restore(&mut t)?;
+                Ok(t)
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let bytes = MetricBuilder::new(&self.metrics).counter("bytes_scanned", partition);
         let files = MetricBuilder::new(&self.metrics).counter("files_scanned", partition);
         files.add(tasks.len());
@@ -711,6 +849,7 @@ mod tests {
             }),
             filter: None,
             row_identity: false,
+            identity_partitions: Default::default(),
         };
         (IcebergScanExec::try_new(spec).unwrap(), dir)
     }

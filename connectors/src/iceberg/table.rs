@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::by_name::{by_name_fields, encode_filters};
 use super::catalog::{IcebergCatalog, IcebergOptions, error_text};
-use super::scan::{IcebergScanExec, ScanPlanStats, ScanSpec};
+use super::scan::{IcebergScanExec, IdentityPartitions, ScanPlanStats, ScanSpec};
 use super::stats::{column_statistics, row_group_offsets};
 use super::storage::BasinStorageFactory;
 
@@ -662,6 +662,7 @@ impl IcebergTableProvider {
                 task.predicate = None;
             }
         }
+        let identity_partitions = IdentityPartitions::of(&tasks, true, &self.spec.metadata);
         let groups = balance(
             tasks,
             &row_groups,
@@ -691,13 +692,14 @@ impl IcebergTableProvider {
             by_name,
             filter,
             row_identity: identity,
+            identity_partitions,
         })?;
         Ok(exec.with_column_statistics(column_stats))
     }
 }
 
-/// Partition values and specs cannot be serialized; readers then read partition source
-/// columns from the files, which Iceberg writers always store.
+/// Partition values and specs cannot be serialized: identity partitions travel beside the
+/// tasks ([`IdentityPartitions`]), the rest is not needed by readers.
 pub(super) fn strip_task(mut task: FileScanTask) -> FileScanTask {
     task.partition = None;
     task.partition_spec = None;
