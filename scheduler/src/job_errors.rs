@@ -108,7 +108,16 @@ impl ExecutionPlan for JobErrorsExec {
             job: Arc::clone(&self.job),
             scheduler_url: self.scheduler_url.clone(),
             context,
-            rows: Some(Box::pin(stream.map_err(plain))),
+            // Ballista's shuffle and Flight reads hand dictionary-encoded columns over as
+            // plain values: the rows get the plan's types back (a `CREATE TABLE … AS` of a
+            // dictionary column failed with "Mismatch between schema and batches").
+            rows: Some(Box::pin(stream.map_err(plain).and_then({
+                let schema = schema.clone();
+                move |batch| {
+                    let schema = schema.clone();
+                    async move { basin_connectors::exchange::conform(batch, &schema) }
+                }
+            }))),
         };
         let stream = futures::stream::unfold(job, |mut job| async move {
             let rows = job.rows.as_mut()?;

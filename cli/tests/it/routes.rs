@@ -104,3 +104,45 @@ fn a_job_nobody_reads_is_cancelled() {
         assert_eq!(rows.iter().map(|b| b.num_rows()).sum::<usize>(), 5);
     });
 }
+
+/// Rows of a Ballista job keep the plan's types: Ballista's shuffle and Flight reads hand
+/// dictionary-encoded columns over as plain values, and a `CREATE TABLE … AS` of such a
+/// column failed with "Mismatch between schema and batches" (DataFusion's dictionary.slt on
+/// the jobs route).
+#[test]
+fn jobs_keep_dictionary_columns() {
+    use basin_cli::cluster::{StandaloneCluster, StandaloneOptions};
+    use std::sync::Arc;
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let data_dir = crate::scratch_dir("job-dictionaries");
+        let mut config = basin_core::BasinConfig::embedded();
+        config.server.data_dir = std::path::PathBuf::from(data_dir.as_os_str());
+        config.server.streamed_stages = false; // every query a Ballista job
+        let cluster = StandaloneCluster::start(Arc::new(config), StandaloneOptions::default())
+            .await
+            .unwrap();
+        let ctx = cluster.connect().unwrap();
+        for sql in [
+            "CREATE TABLE src AS SELECT * FROM (VALUES ('foo', 'bar', 1)) \
+             UNION ALL SELECT * FROM (VALUES ('foo', 'baz', 1))",
+            "CREATE TABLE dict AS SELECT column1, \
+             arrow_cast(column2, 'Dictionary(Int32, Utf8)') AS column2, column3 FROM src",
+        ] {
+            ctx.sql(sql).await.unwrap().collect().await.unwrap();
+        }
+        let batches = ctx
+            .sql("SELECT column2, arrow_typeof(column2) AS t FROM dict ORDER BY column2")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let text = datafusion::arrow::util::pretty::pretty_format_batches(&batches)
+            .unwrap()
+            .to_string();
+        assert!(text.contains("bar") && text.contains("baz"), "{text}");
+        assert!(text.contains("Dictionary(Int32, Utf8)"), "{text}");
+    });
+}
