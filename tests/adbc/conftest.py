@@ -169,6 +169,26 @@ def flight_url():
 
 
 @pytest.fixture(scope="session")
+def audited():
+    """A standalone server with an audit log: (Flight SQL URL, path of the log)."""
+    workdir = Path(tempfile.mkdtemp(prefix="basin-adbc-audit-"))
+    cluster = Cluster(workdir)
+    log = workdir / "audit.jsonl"
+    try:
+        (workdir / "basin.toml").write_text(f'[security]\naudit_log = "{log}"\n')
+        flight = free_port()
+        cluster.spawn(
+            "audited", "standalone", "--config", str(workdir / "basin.toml"),
+            "--executors", "1", "--flight-sql-port", str(flight),
+        )
+        wait_port(flight, cluster.procs)
+        yield f"grpc://127.0.0.1:{flight}", log
+    finally:
+        cluster.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
 def secured_url():
     """A standalone server with a users file: alice / wonderland."""
     workdir = Path(tempfile.mkdtemp(prefix="basin-adbc-auth-"))

@@ -434,3 +434,37 @@ def test_question_mark_hostile_values_pushed_to_sources(federation):
             for hostile in ["x' OR '1'='1", "x\\' OR 1=1 -- ", "\\", "'; DROP TABLE people; --"]:
                 assert one(cur, sql, (hostile,)) == [], (source, hostile)
             assert one(cur, f"SELECT count(*) FROM {source}.{name}.people") == [(3,)]
+
+
+def test_prepared_statements_are_audited_once(audited):
+    """JDBC and ADBC prepare every statement with parameters: a statement refused while it is
+    prepared is audited (it was not), and a prepared change is audited once, when it runs
+    (at GetFlightInfo), not again when its count is fetched."""
+    import json
+
+    url, log = audited
+    with fs.connect(url) as conn, conn.cursor() as cur:
+        cur.execute("SELECT n_name FROM tpch.tiny.nation WHERE n_nationkey = ?", parameters=(3,))
+        assert cur.fetchall() == [("CANADA",)]
+        with pytest.raises(Exception, match="no_such_table"):
+            cur.execute("SELECT * FROM no_such_table WHERE x = ?", parameters=(1,))
+        cur.execute("CREATE TABLE audited_m (x INT)")
+        cur.execute("INSERT INTO audited_m VALUES (?)", parameters=(7,))
+        cur.fetchall()
+    deadline = time.time() + 10
+    while True:
+        lines = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        statements = [line["statement"] for line in lines]
+        if any("INSERT INTO audited_m" in s for s in statements) or time.time() > deadline:
+            break
+        time.sleep(0.2)
+
+    def of(text):
+        return [line for line in lines if text in line["statement"]]
+
+    [select] = of("WHERE n_nationkey = ?")
+    assert select["outcome"] == "ok" and select["rows"] == 1, select
+    [refused] = of("no_such_table")
+    assert refused["outcome"] == "error", refused
+    [insert] = of("INSERT INTO audited_m")
+    assert insert["outcome"] == "ok" and insert["rows"] == 1, insert

@@ -337,9 +337,13 @@ impl BasinFlightSqlService {
         key: &str,
         handle: &str,
     ) -> Result<Response<DoGetStream>, Status> {
-        let stored = self
-            .registry
-            .with_statement(handle, key, |s| (s.audit.take(), s.prepared, s.sql.clone()));
+        let stored = self.registry.with_statement(handle, key, |s| {
+            (
+                s.audit.take(),
+                s.prepared && !std::mem::take(&mut s.audited_run),
+                s.sql.clone(),
+            )
+        });
         let mut audit = match stored {
             Some((Some(audit), _, _)) => Some(audit),
             Some((None, true, sql)) => self.audit(request, &sql),
@@ -1041,14 +1045,33 @@ impl FlightSqlService for BasinFlightSqlService {
         // wrong number of values fails here, before anything runs.
         let schema = annotate_schema(bind(plan.clone(), params.clone())?.schema());
         if crate::sql::is_command(&plan) {
-            let (plan, again) = self
+            // A change runs now (its client may never fetch the count): audited now.
+            let sql = self
                 .registry
-                .with_statement(&handle, &key, Statement::next_execution)
-                .ok_or_else(|| Status::not_found("unknown prepared statement (closed?)"))?;
-            let plan = self.replan(&session, plan, again).await?;
-            let result = self.collect(&session, plan, params).await?;
-            self.registry
-                .with_statement(&handle, &key, |s| s.result = Some(result));
+                .with_statement(&handle, &key, |s| s.sql.clone())
+                .unwrap_or_default();
+            let mut audit = self.audit(&request, &sql);
+            let done = async {
+                let (plan, again) = self
+                    .registry
+                    .with_statement(&handle, &key, Statement::next_execution)
+                    .ok_or_else(|| Status::not_found("unknown prepared statement (closed?)"))?;
+                let plan = self.replan(&session, plan, again).await?;
+                if let Some(audit) = &mut audit {
+                    audit.objects(&plan);
+                }
+                self.collect(&session, plan, params).await
+            }
+            .await;
+            if let (Ok(batches), Some(audit)) = (&done, &mut audit) {
+                audit.rows(affected_rows(batches).max(0) as u64);
+            }
+            let result = audited(&mut audit, done)?;
+            self.registry.with_statement(&handle, &key, |s| {
+                s.result = Some(result);
+                // Its line is written; fetching the count writes no second one.
+                s.audited_run = true;
+            });
         }
         let info = Self::flight_info(&schema, cmd.as_any(), request.into_inner())?;
         Ok(Response::new(info))
@@ -1432,7 +1455,15 @@ impl FlightSqlService for BasinFlightSqlService {
         request: Request<Action>,
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
         let (key, session) = self.session(&request).await?;
-        let (plan, parsed) = self.plan(&session, &query.query).await?;
+        // A statement refused while it is prepared (unknown or forbidden table, bad SQL) is
+        // audited like one refused when sent whole; a prepared one is audited when it runs.
+        let (plan, parsed) = match self.plan(&session, &query.query).await {
+            Ok(planned) => planned,
+            Err(refused) => {
+                let mut audit = self.audit(&request, &query.query);
+                return audited(&mut audit, Err(refused));
+            }
+        };
         let dataset_schema = schema_ipc(&annotate_schema(plan.schema()))?;
         let parameters = Parameters::of(&plan).map_err(to_status)?;
         let parameter_schema = schema_ipc(&parameters.schema())?;

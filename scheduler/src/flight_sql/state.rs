@@ -95,6 +95,9 @@ pub struct Statement {
     /// The audit line of a query whose rows are still to be fetched: written when they
     /// have been, or as abandoned when the statement goes unfetched.
     pub audit: Option<crate::audit::Audited>,
+    /// A prepared change ran (and was audited) when its result was asked for: fetching the
+    /// result writes no second line.
+    pub audited_run: bool,
 }
 
 impl Statement {
@@ -111,6 +114,7 @@ impl Statement {
             abort: None,
             result: None,
             audit: None,
+            audited_run: false,
         }
     }
 }

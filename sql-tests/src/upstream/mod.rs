@@ -167,6 +167,9 @@ pub struct RouteRun {
     pub elapsed: Duration,
 }
 
+/// A file may take this many statement deadlines in all.
+const FILE_DEADLINES: u32 = 60;
+
 /// How one statement may run before its record fails (`BASIN_TEST_DEADLINE_SECS` if set).
 fn deadline() -> Duration {
     std::env::var("BASIN_TEST_DEADLINE_SECS")
@@ -226,7 +229,27 @@ pub async fn run_route(
         tasks.spawn(async move {
             let _permit = semaphore.acquire_owned().await;
             let start = Instant::now();
-            let done = run_file(&dir, &root, &route, &file, connect, hangs).await;
+            if std::env::var_os("BASIN_TEST_VERBOSE").is_some() {
+                println!("[{route}] starting {file}");
+            }
+            // Statements have their own deadline; this one catches a hang between them
+            // (a session that never opens, a file's tables never dropped).
+            let limit = deadline() * FILE_DEADLINES;
+            let done = match tokio::time::timeout(
+                limit,
+                run_file(&dir, &root, &route, &file, connect, hangs),
+            )
+            .await
+            {
+                Ok(done) => done,
+                Err(_) => FileRun::Unrunnable(FileDifference {
+                    path: file.clone(),
+                    routes: vec![route.clone()],
+                    category: TIMEOUT.to_string(),
+                    reason: format!("the file did not finish within {limit:?}"),
+                    note: None,
+                }),
+            };
             (file, start.elapsed(), done)
         });
     }
