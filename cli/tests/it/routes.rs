@@ -44,25 +44,31 @@ fn recursive_queries_answer_on_every_route() {
     }
 }
 
+/// An in-process cluster on which every query is a Ballista job, and its data directory.
+async fn jobs_cluster(name: &str) -> (basin_cli::cluster::StandaloneCluster, crate::Scratch) {
+    use basin_cli::cluster::{StandaloneCluster, StandaloneOptions};
+    let data_dir = crate::scratch_dir(name);
+    let mut config = basin_core::BasinConfig::embedded();
+    config.server.data_dir = std::path::PathBuf::from(data_dir.as_os_str());
+    config.server.streamed_stages = false;
+    let cluster =
+        StandaloneCluster::start(std::sync::Arc::new(config), StandaloneOptions::default())
+            .await
+            .unwrap();
+    (cluster, data_dir)
+}
+
 /// A Ballista job whose rows nobody reads any more is cancelled: a client that drops the
 /// stream (a shell's Ctrl-C, a runner's deadline) used to leave its job running, holding
 /// task slots that every later job waited for.
 #[test]
 fn a_job_nobody_reads_is_cancelled() {
-    use basin_cli::cluster::{StandaloneCluster, StandaloneOptions};
     use futures::StreamExt;
-    use std::sync::Arc;
     use std::time::{Duration, Instant};
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let data_dir = crate::scratch_dir("cancel-job");
-        let mut config = basin_core::BasinConfig::embedded();
-        config.server.data_dir = std::path::PathBuf::from(data_dir.as_os_str());
-        config.server.streamed_stages = false; // every query a Ballista job
-        let cluster = StandaloneCluster::start(Arc::new(config), StandaloneOptions::default())
-            .await
-            .unwrap();
+        let (cluster, _data_dir) = jobs_cluster("cancel-job").await;
         let view = cluster.scheduler().cluster_view();
         let ctx = cluster.connect().unwrap();
         // Minutes of work in a debug build: a self-join of 6M generated rows.
@@ -111,18 +117,9 @@ fn a_job_nobody_reads_is_cancelled() {
 /// the jobs route).
 #[test]
 fn jobs_keep_dictionary_columns() {
-    use basin_cli::cluster::{StandaloneCluster, StandaloneOptions};
-    use std::sync::Arc;
-
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let data_dir = crate::scratch_dir("job-dictionaries");
-        let mut config = basin_core::BasinConfig::embedded();
-        config.server.data_dir = std::path::PathBuf::from(data_dir.as_os_str());
-        config.server.streamed_stages = false; // every query a Ballista job
-        let cluster = StandaloneCluster::start(Arc::new(config), StandaloneOptions::default())
-            .await
-            .unwrap();
+        let (cluster, _data_dir) = jobs_cluster("job-dictionaries").await;
         let ctx = cluster.connect().unwrap();
         for sql in [
             "CREATE TABLE src AS SELECT * FROM (VALUES ('foo', 'bar', 1)) \

@@ -240,13 +240,9 @@ pub(crate) async fn add_files(
             .map(|o| o.result.as_ref().err().map(String::as_str)),
     ));
     Ok(RecordBatch::try_new(
-        schema_of_rows(),
+        self::schema(),
         vec![paths, results, records, reasons],
     )?)
-}
-
-fn schema_of_rows() -> SchemaRef {
-    schema()
 }
 
 /// The files at `location` (one file, or a folder's), each with its full location, in path
@@ -748,7 +744,6 @@ fn partition_of(
         // What the column's statistics say: Some(None) for all nulls. A column the file
         // lacks (Hive-style files leave partition columns to their folders) says nothing:
         // readers fill an identity partition's column from the partition value.
-        let missing = !stats.contains_key(&source.id);
         let from_stats: Option<Option<Datum>> = match stats.get(&source.id) {
             None => None,
             Some(s) => match (s.nulls, &s.low, &s.high) {
@@ -807,15 +802,9 @@ fn partition_of(
             }
             (Some(a), _) => a,
             (None, Some(b)) => b,
-            // Neither the column nor a folder: every row reads null.
-            (None, None) if missing => None,
-            (None, None) => {
-                return Err(format!(
-                    "its partition `{}` cannot be told: no exact statistics for `{}` and no \
-                     `{}=…` folder in its path",
-                    field.name, source.name, field.name
-                ));
-            }
+            // Statistics say nothing only of a column the file lacks; without a folder
+            // either, every row reads null.
+            (None, None) => None,
         };
         values.push(value.map(Literal::from));
     }

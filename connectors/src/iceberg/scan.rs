@@ -2,7 +2,7 @@
 //! per partition, on whichever executor runs the partition.
 
 use std::any::Any;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
@@ -180,8 +180,29 @@ impl IdentityPartitions {
         out
     }
 
-    /// Gives `task` its partition values and spec back, when they travelled.
-    pub fn restore(&self, task: &mut FileScanTask) -> Result<()> {
+    /// The specs, read once per execution.
+    pub fn parsed_specs(&self) -> Result<HashMap<i32, Arc<iceberg::spec::PartitionSpec>>> {
+        self.specs
+            .iter()
+            .map(|(id, json)| {
+                serde_json::from_str(json)
+                    .map(|s| (*id, Arc::new(s)))
+                    .map_err(|e| {
+                        DataFusionError::Internal(format!(
+                            "partition spec {id} did not survive the trip to the executor: {e}"
+                        ))
+                    })
+            })
+            .collect()
+    }
+
+    /// Gives `task` its partition values and spec (from [`Self::parsed_specs`]) back, when
+    /// they travelled.
+    pub fn restore(
+        &self,
+        specs: &HashMap<i32, Arc<iceberg::spec::PartitionSpec>>,
+        task: &mut FileScanTask,
+    ) -> Result<()> {
         let Some((spec_id, values)) = self.files.get(&task.data_file_path) else {
             return Ok(());
         };
@@ -191,11 +212,7 @@ impl IdentityPartitions {
                 task.data_file_path
             ))
         };
-        let spec: iceberg::spec::PartitionSpec = self
-            .specs
-            .get(spec_id)
-            .ok_or_else(|| bad("no spec"))
-            .and_then(|json| serde_json::from_str(json).map_err(|e| bad(&e.to_string())))?;
+        let spec = specs.get(spec_id).ok_or_else(|| bad("no spec"))?.clone();
         let partition_type = spec
             .partition_type(&task.schema)
             .map_err(|e| bad(&error_text(&e)))?;
@@ -221,7 +238,7 @@ impl IdentityPartitions {
                     }
                 }
                 task.partition = Some(partition);
-                task.partition_spec = Some(Arc::new(spec));
+                task.partition_spec = Some(spec);
                 Ok(())
             }
             Ok(_) => Err(bad("not a struct")),
@@ -609,12 +626,15 @@ impl ExecutionPlan for IcebergScanExec {
             })?)),
             None => None,
         };
+        let partition_specs = self.spec.identity_partitions.parsed_specs()?;
         let tasks: Vec<FileScanTask> = tasks
             .iter()
             .cloned()
             .map(|mut t| {
                 t.name_mapping = name_mapping.clone();
-                self.spec.identity_partitions.restore(&mut t)?;
+                self.spec
+                    .identity_partitions
+                    .restore(&partition_specs, &mut t)?;
                 Ok(t)
             })
             .collect::<Result<_>>()?;
