@@ -121,8 +121,6 @@ mod tests {
     use datafusion::execution::SessionStateBuilder;
     use datafusion::physical_plan::displayable;
     use datafusion::prelude::SessionContext;
-    use datafusion_proto::physical_plan::{AsExecutionPlan, DefaultPhysicalExtensionCodec};
-    use datafusion_proto::protobuf::PhysicalPlanNode;
 
     use super::*;
 
@@ -148,27 +146,11 @@ mod tests {
         let plan = df.create_physical_plan().await.unwrap();
         let shown = displayable(plan.as_ref()).indent(false).to_string();
         assert!(!shown.contains("projection=[]"), "{shown}");
-        let rows = round_trip(&plan, &ctx).await;
+        let rows = crate::testing::round_trip(&plan, &ctx).await;
         let text = datafusion::arrow::util::pretty::pretty_format_batches(&rows)
             .unwrap()
             .to_string();
         assert!(text.contains("| 10.0   | 2 |"), "{text}");
-    }
-
-    /// `plan` encoded and decoded as for an executor (same schema), then run.
-    async fn round_trip(
-        plan: &Arc<dyn ExecutionPlan>,
-        ctx: &SessionContext,
-    ) -> Vec<datafusion::arrow::record_batch::RecordBatch> {
-        let codec = DefaultPhysicalExtensionCodec {};
-        let node = PhysicalPlanNode::try_from_physical_plan(Arc::clone(plan), &codec).unwrap();
-        let decoded = node
-            .try_into_physical_plan(&ctx.task_ctx(), &codec)
-            .unwrap();
-        assert_eq!(decoded.schema(), plan.schema());
-        datafusion::physical_plan::collect(decoded, ctx.task_ctx())
-            .await
-            .unwrap()
     }
 
     /// A window over an in-memory table that reads none of its columns (DataFusion's
@@ -191,7 +173,7 @@ mod tests {
             .await
             .unwrap();
         let plan = df.create_physical_plan().await.unwrap();
-        let rows = round_trip(&plan, &ctx).await;
+        let rows = crate::testing::round_trip(&plan, &ctx).await;
         assert!(rows.iter().all(|b| b.num_columns() == 1), "{rows:?}");
         let text = datafusion::arrow::util::pretty::pretty_format_batches(&rows)
             .unwrap()

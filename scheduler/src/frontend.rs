@@ -127,6 +127,9 @@ pub fn connect(
         .with_analyzer_rule(Arc::new(MarkVolatileSubqueries))
         .with_physical_optimizer_rule(Arc::new(SeriesProjections))
         .with_physical_optimizer_rule(Arc::new(crate::empty_projections::EmptyProjectionsTravel))
+        .with_physical_optimizer_rule(Arc::new(
+            crate::aggregate_names::ReversedAggregatesKeepNames,
+        ))
         .build();
     let ctx = SessionContext::new_with_state(state);
     register_catalogs(&ctx, config, partitions)?;

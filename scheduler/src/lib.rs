@@ -11,6 +11,7 @@
 //! ```
 
 pub mod access;
+pub mod aggregate_names;
 pub mod aggregate_statistics;
 pub mod audit;
 pub mod distinct;
@@ -20,6 +21,7 @@ pub mod flight_sql;
 pub mod frontend;
 mod job_errors;
 pub mod joins;
+mod launch;
 pub mod limits;
 mod liveness;
 mod memory;

@@ -5,14 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ballista_core::config::TaskSchedulingPolicy;
-use ballista_core::serde::protobuf::{KeyValuePair, MultiTaskDefinition};
-use ballista_core::serde::scheduler::ExecutorMetadata;
 use ballista_scheduler::cluster::BallistaCluster;
 use ballista_scheduler::config::{SchedulerConfig, TaskDistributionPolicy};
-use ballista_scheduler::scheduler_process::create_scheduler;
 use ballista_scheduler::scheduler_server::SchedulerServer;
-use ballista_scheduler::state::executor_manager::ExecutorManager;
-use ballista_scheduler::state::task_manager::TaskLauncher;
 use basin_connectors::catalogs::runtime_env;
 use basin_connectors::codec::{logical_codec, physical_codec};
 use basin_core::cluster::ClusterKey;
@@ -21,6 +16,7 @@ use basin_core::{BasinConfig, BasinError, Result};
 use datafusion_proto::protobuf::{LogicalPlanNode, PhysicalPlanNode};
 use tokio::task::JoinHandle;
 
+use crate::launch::BasinTasks;
 use crate::session::{config_producer, session_builder};
 
 /// Where and how the scheduler listens.
@@ -58,6 +54,8 @@ pub struct SchedulerHandle {
     task: JoinHandle<()>,
     /// Probes the executors ([`crate::liveness`]).
     probes: JoinHandle<()>,
+    /// Reports the tasks executors refused ([`crate::launch`]).
+    refusals: JoinHandle<()>,
 }
 
 /// A cheap, clonable view of the cluster's executors.
@@ -281,6 +279,7 @@ impl SchedulerHandle {
     pub fn stop(&self) {
         self.task.abort();
         self.probes.abort();
+        self.refusals.abort();
     }
 }
 
@@ -327,29 +326,19 @@ pub async fn start(config: Arc<BasinConfig>, options: SchedulerOptions) -> Resul
     let cluster = BallistaCluster::new_from_config(&scheduler_config)
         .await
         .map_err(cannot)?;
-    let scheduler = match &key {
-        None => create_scheduler::<LogicalPlanNode, PhysicalPlanNode>(cluster, scheduler_config)
-            .await
-            .map_err(cannot)?,
-        // As create_scheduler, with every task launched signed.
-        Some(key) => {
-            let codec = ballista_core::serde::BallistaCodec::new(logical_codec(), physical_codec());
-            let launcher = Arc::new(SignedTasks {
-                key: key.clone(),
-                scheduler_id: scheduler_config.scheduler_name(),
-            });
-            let mut scheduler = SchedulerServer::new_with_task_launcher(
-                scheduler_config.scheduler_name(),
-                cluster,
-                codec,
-                scheduler_config,
-                ballista_scheduler::metrics::default_metrics_collector().map_err(cannot)?,
-                launcher,
-            );
-            scheduler.init().await.map_err(cannot)?;
-            scheduler
-        }
-    };
+    // As Ballista's create_scheduler, with Basin's launcher (crate::launch).
+    let codec = ballista_core::serde::BallistaCodec::new(logical_codec(), physical_codec());
+    let (launcher, refusals) = BasinTasks::new(key.clone(), scheduler_config.scheduler_name());
+    let mut scheduler = SchedulerServer::new_with_task_launcher(
+        scheduler_config.scheduler_name(),
+        cluster,
+        codec,
+        scheduler_config,
+        ballista_scheduler::metrics::default_metrics_collector().map_err(cannot)?,
+        Arc::new(launcher),
+    );
+    scheduler.init().await.map_err(cannot)?;
+    let refusals = crate::launch::report_refusals(scheduler.clone(), refusals);
     let server = scheduler.clone();
     let guard = Guard {
         key: key.clone(),
@@ -380,6 +369,7 @@ pub async fn start(config: Arc<BasinConfig>, options: SchedulerOptions) -> Resul
         server,
         task,
         probes,
+        refusals,
     })
 }
 
@@ -470,34 +460,4 @@ fn refuse_scheduler_call(
     let mut response = axum::response::Response::new(axum::body::Body::from(why.to_string()));
     *response.status_mut() = axum::http::StatusCode::UNAUTHORIZED;
     Some(response)
-}
-
-/// Launches tasks as Ballista does, each signed for its job and stage: an executor runs
-/// only tasks with the scheduler's signature ([`basin_connectors::cluster::sign_task`]).
-struct SignedTasks {
-    key: ClusterKey,
-    scheduler_id: String,
-}
-
-#[async_trait::async_trait]
-impl TaskLauncher for SignedTasks {
-    async fn launch_tasks(
-        &self,
-        executor: &ExecutorMetadata,
-        mut tasks: Vec<MultiTaskDefinition>,
-        executor_manager: &ExecutorManager,
-    ) -> ballista_core::error::Result<()> {
-        use basin_connectors::cluster::{TASK_TOKEN_KEY, sign_task};
-        for task in &mut tasks {
-            // Whatever a session set under the same name does not count.
-            task.props.retain(|kv| kv.key != TASK_TOKEN_KEY);
-            task.props.push(KeyValuePair {
-                key: TASK_TOKEN_KEY.to_string(),
-                value: Some(sign_task(&self.key, &task.job_id, task.stage_id)),
-            });
-        }
-        executor_manager
-            .launch_multi_task(&executor.id, tasks, self.scheduler_id.clone())
-            .await
-    }
 }

@@ -74,6 +74,9 @@ pub fn session_builder(runtime: Arc<RuntimeEnv>) -> SessionBuilder {
             .with_physical_optimizer_rule(Arc::new(SeriesProjections))
             .with_physical_optimizer_rule(Arc::new(PlainExchanges))
             .with_physical_optimizer_rule(Arc::new(EmptyProjectionsTravel))
+            .with_physical_optimizer_rule(Arc::new(
+                crate::aggregate_names::ReversedAggregatesKeepNames,
+            ))
             .build())
     })
 }

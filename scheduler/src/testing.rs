@@ -49,3 +49,21 @@ pub(crate) async fn plan_and_rows(ctx: &SessionContext, sql: &str) -> (String, V
     rows.sort();
     (plan, rows)
 }
+
+/// `plan` encoded and decoded as for an executor (same schema), then run.
+pub(crate) async fn round_trip(
+    plan: &Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+    ctx: &SessionContext,
+) -> Vec<datafusion::arrow::record_batch::RecordBatch> {
+    use datafusion_proto::physical_plan::{AsExecutionPlan, DefaultPhysicalExtensionCodec};
+    use datafusion_proto::protobuf::PhysicalPlanNode;
+    let codec = DefaultPhysicalExtensionCodec {};
+    let node = PhysicalPlanNode::try_from_physical_plan(Arc::clone(plan), &codec).unwrap();
+    let decoded = node
+        .try_into_physical_plan(&ctx.task_ctx(), &codec)
+        .unwrap();
+    assert_eq!(decoded.schema(), plan.schema());
+    datafusion::physical_plan::collect(decoded, ctx.task_ctx())
+        .await
+        .unwrap()
+}

@@ -276,6 +276,13 @@ async fn run_files(
 }
 
 fn main() -> std::process::ExitCode {
+    // `BASIN_LOG=ballista_scheduler=debug,…` shows the in-process cluster's events.
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("BASIN_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     // Planning deep TPC-H queries recurses further than Tokio's default 2 MiB stacks allow
     // in debug builds.
     match tokio::runtime::Builder::new_multi_thread()

@@ -58,6 +58,139 @@ async fn jobs_cluster(name: &str) -> (basin_cli::cluster::StandaloneCluster, cra
     (cluster, data_dir)
 }
 
+/// An executor that answers every launch by refusing the tasks, as one that cannot decode
+/// their plan does.
+struct RefusingExecutor;
+
+#[tonic::async_trait]
+impl ballista_core::serde::protobuf::executor_grpc_server::ExecutorGrpc for RefusingExecutor {
+    async fn launch_task(
+        &self,
+        _: tonic::Request<ballista_core::serde::protobuf::LaunchTaskParams>,
+    ) -> Result<tonic::Response<ballista_core::serde::protobuf::LaunchTaskResult>, tonic::Status>
+    {
+        Err(tonic::Status::invalid_argument("no task today"))
+    }
+    async fn launch_multi_task(
+        &self,
+        _: tonic::Request<ballista_core::serde::protobuf::LaunchMultiTaskParams>,
+    ) -> Result<
+        tonic::Response<ballista_core::serde::protobuf::LaunchMultiTaskResult>,
+        tonic::Status,
+    > {
+        Err(tonic::Status::invalid_argument(
+            "DataFusion error: Internal error: cannot decode \"the plan\"",
+        ))
+    }
+    async fn stop_executor(
+        &self,
+        _: tonic::Request<ballista_core::serde::protobuf::StopExecutorParams>,
+    ) -> Result<tonic::Response<ballista_core::serde::protobuf::StopExecutorResult>, tonic::Status>
+    {
+        Ok(tonic::Response::new(Default::default()))
+    }
+    async fn cancel_tasks(
+        &self,
+        _: tonic::Request<ballista_core::serde::protobuf::CancelTasksParams>,
+    ) -> Result<tonic::Response<ballista_core::serde::protobuf::CancelTasksResult>, tonic::Status>
+    {
+        Ok(tonic::Response::new(Default::default()))
+    }
+    async fn remove_job_data(
+        &self,
+        _: tonic::Request<ballista_core::serde::protobuf::RemoveJobDataParams>,
+    ) -> Result<tonic::Response<ballista_core::serde::protobuf::RemoveJobDataResult>, tonic::Status>
+    {
+        Ok(tonic::Response::new(Default::default()))
+    }
+}
+
+/// Tasks an executor refuses (it answered the launch, so it is not lost) fail their job with
+/// the executor's reason, and the executor stays in the cluster. Ballista took such an
+/// executor out and launched the tasks on the next one, which refused them too: one query
+/// whose plan the executors could not decode left no executor, and no later job finished
+/// (DataFusion's group_by.slt with every query a Ballista job).
+#[test]
+fn tasks_an_executor_refuses_fail_their_job_not_the_cluster() {
+    use ballista_core::serde::protobuf::executor_grpc_server::ExecutorGrpcServer;
+    use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
+    use ballista_core::serde::protobuf::{
+        ExecutorOperatingSystemSpecification, ExecutorRegistration, ExecutorResource,
+        ExecutorSpecification, RegisterExecutorParams, executor_resource,
+    };
+    use std::time::Duration;
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        // A scheduler whose only executor is the refusing one (no cluster secret: the test
+        // registers it by hand), and a front end on which every query is a Ballista job.
+        let data_dir = crate::scratch_dir("refused-tasks");
+        let mut config = basin_core::BasinConfig::embedded();
+        config.server.data_dir = std::path::PathBuf::from(data_dir.as_os_str());
+        config.server.streamed_stages = false;
+        let config = std::sync::Arc::new(config);
+        let scheduler_options = basin_scheduler::server::SchedulerOptions {
+            port: 0,
+            ..basin_scheduler::server::SchedulerOptions::from_config(&config)
+        };
+        let scheduler = basin_scheduler::start(config.clone(), scheduler_options)
+            .await
+            .unwrap();
+        // The refusing executor: its gRPC port, and a Flight port that accepts connections
+        // (the scheduler's liveness probe) and nothing else.
+        let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let grpc_port = grpc.local_addr().unwrap().port();
+        let flight = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let flight_port = flight.local_addr().unwrap().port();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(ExecutorGrpcServer::new(RefusingExecutor))
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(grpc)),
+        );
+        let mut client = SchedulerGrpcClient::connect(format!("http://{}", scheduler.addr))
+            .await
+            .unwrap();
+        client
+            .register_executor(RegisterExecutorParams {
+                metadata: Some(ExecutorRegistration {
+                    id: "refusing".into(),
+                    host: Some("127.0.0.1".into()),
+                    port: u32::from(flight_port),
+                    grpc_port: u32::from(grpc_port),
+                    specification: Some(ExecutorSpecification {
+                        resources: vec![ExecutorResource {
+                            resource: Some(executor_resource::Resource::TaskSlots(2)),
+                        }],
+                    }),
+                    os_info: Some(ExecutorOperatingSystemSpecification::default()),
+                }),
+            })
+            .await
+            .unwrap();
+        let view = scheduler.cluster_view();
+        let ctx =
+            basin_scheduler::connect(&config, &scheduler.url(), 2, Some(view.clone())).unwrap();
+        for _ in 0..2 {
+            let run = ctx
+                .sql("SELECT n_regionkey, count(*) FROM tpch.tiny.nation GROUP BY n_regionkey")
+                .await
+                .unwrap()
+                .collect();
+            let e = tokio::time::timeout(Duration::from_secs(60), run)
+                .await
+                .expect("the job neither finished nor failed")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("refused the tasks of stage"), "{e}");
+            assert!(e.contains("cannot decode \"the plan\""), "{e}");
+            let executors = view.active_executors().await;
+            assert_eq!(executors.len(), 1, "the executor was taken out");
+        }
+        drop(flight);
+        server.abort();
+    });
+}
+
 /// A Ballista job whose rows nobody reads any more is cancelled: a client that drops the
 /// stream (a shell's Ctrl-C, a runner's deadline) used to leave its job running, holding
 /// task slots that every later job waited for.
