@@ -731,6 +731,8 @@ impl BasinQueryPlanner {
     ) -> Result<Arc<dyn ExecutionPlan>> {
         // Awkward table names survive the trip to the scheduler (see `portable_names`).
         let plan = portable_names(crate::prefilter::without_prefilters(plan)?)?;
+        // And joins' NULL semantics, USING joins, offsets (see `job_plan`).
+        let plan = crate::job_plan::portable_job_plan(plan)?;
         let job = self.distributed.create_physical_plan(&plan, state).await?;
         Ok(crate::job_errors::plain_job_errors(
             job,

@@ -228,7 +228,9 @@ async fn cancel_job(
     Ok(())
 }
 
-/// The executor's `ResourcesExhausted` error inside `e`, else `e`.
+/// The error an executor raised, as it raised it, when `e` is a failed task's error as
+/// Ballista passes it on (`Job … failed: … Task failed due to runtime execution error:
+/// DataFusionError(Execution("ArrowError(ComputeError(\"…\"))"))`); else `e`.
 fn plain(e: DataFusionError) -> DataFusionError {
     let text = match &e {
         DataFusionError::ArrowError(arrow, _) => match arrow.as_ref() {
@@ -237,9 +239,84 @@ fn plain(e: DataFusionError) -> DataFusionError {
         },
         other => other.to_string(),
     };
+    const TASK_FAILED: &str = "runtime execution error: ";
+    if let Some(at) = text.find(TASK_FAILED)
+        && let Some(raised) = peel(&text[at + TASK_FAILED.len()..], 0)
+    {
+        tracing::debug!(job_error = %text, "a job failed");
+        return raised;
+    }
+    // A memory error anywhere in the text (it names the executor's limit).
     match debug_string_after(&text, "ResourcesExhausted(") {
         Some(message) => DataFusionError::ResourcesExhausted(message),
         None => e,
+    }
+}
+
+/// Error kinds that carry a message, as `Debug` prints them: DataFusion's, then Arrow's.
+const KINDS: [&str; 13] = [
+    "Execution",
+    "ResourcesExhausted",
+    "Plan",
+    "NotImplemented",
+    "Internal",
+    "Configuration",
+    "ComputeError",
+    "InvalidArgumentError",
+    "CastError",
+    "ParseError",
+    "ArithmeticOverflow",
+    "NotYetImplemented",
+    "MemoryError",
+];
+
+/// The innermost error of `text`, the `Debug` text of an error whose message may be the
+/// `Debug` text of another: wrappers (`DataFusionError(…)`, `ArrowError(…)`, `Shared(…)`)
+/// are skipped, a kind's message is read and peeled again.
+fn peel(text: &str, depth: usize) -> Option<DataFusionError> {
+    if depth > 8 {
+        return None;
+    }
+    let mut rest = text.trim_start();
+    // Wrappers: an identifier and a parenthesis that are not a kind of error.
+    loop {
+        let name_len = rest
+            .find(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+            .unwrap_or(rest.len());
+        let name = &rest[..name_len];
+        if name.is_empty() || !rest[name_len..].starts_with('(') {
+            break;
+        }
+        if name == "DivideByZero" {
+            break;
+        }
+        if KINDS.contains(&name) {
+            let message = debug_string_after(rest, &format!("{name}("))?;
+            return Some(peel(&message, depth + 1).unwrap_or_else(|| raised(name, message)));
+        }
+        rest = &rest[name_len + 1..];
+    }
+    rest.starts_with("DivideByZero")
+        .then(|| DataFusionError::ArrowError(Box::new(ArrowError::DivideByZero), None))
+}
+
+/// The error of kind `kind` with `message`.
+fn raised(kind: &str, message: String) -> DataFusionError {
+    let arrow = |e: ArrowError| DataFusionError::ArrowError(Box::new(e), None);
+    match kind {
+        "ResourcesExhausted" => DataFusionError::ResourcesExhausted(message),
+        "Plan" => DataFusionError::Plan(message),
+        "NotImplemented" => DataFusionError::NotImplemented(message),
+        "Internal" => DataFusionError::Internal(message),
+        "Configuration" => DataFusionError::Configuration(message),
+        "ComputeError" => arrow(ArrowError::ComputeError(message)),
+        "InvalidArgumentError" => arrow(ArrowError::InvalidArgumentError(message)),
+        "CastError" => arrow(ArrowError::CastError(message)),
+        "ParseError" => arrow(ArrowError::ParseError(message)),
+        "ArithmeticOverflow" => arrow(ArrowError::ArithmeticOverflow(message)),
+        "NotYetImplemented" => arrow(ArrowError::NotYetImplemented(message)),
+        "MemoryError" => arrow(ArrowError::MemoryError(message)),
+        _ => DataFusionError::Execution(message),
     }
 }
 
@@ -339,5 +416,47 @@ mod tests {
         assert!(matches!(e, DataFusionError::ResourcesExhausted(m) if m == "m"));
         let other = plain(DataFusionError::Execution("Divide by zero".to_string()));
         assert!(matches!(other, DataFusionError::Execution(_)));
+    }
+
+    /// Other errors of a task reach the client as the executor raised them (DataFusion's
+    /// sqllogictest files on the jobs route: 71 errors differed only by Ballista's wrapping).
+    #[test]
+    fn a_tasks_error_reads_as_the_executor_raised_it() {
+        let job = |inner: String| {
+            DataFusionError::Execution(format!(
+                "Job J failed: Job failed due to stage 1 failed: Task failed due to runtime \
+                 execution error: {inner}"
+            ))
+        };
+        let cases: [(DataFusionError, &str); 4] = [
+            (
+                DataFusionError::Execution("map key cannot be null".into()),
+                "Execution error: map key cannot be null",
+            ),
+            (
+                DataFusionError::ArrowError(
+                    Box::new(ArrowError::ComputeError("Cannot use \"NaN\"".into())),
+                    None,
+                ),
+                "Arrow error: Compute error: Cannot use \"NaN\"",
+            ),
+            (
+                DataFusionError::ArrowError(Box::new(ArrowError::DivideByZero), None),
+                "Arrow error: Divide by zero error",
+            ),
+            (
+                DataFusionError::Plan("a (b) \\ c".into()),
+                "Error during planning: a (b) \\ c",
+            ),
+        ];
+        for (raised, shown) in cases {
+            // As Ballista words it: the executor's error debug-printed inside an
+            // Execution error, debug-printed again.
+            let once = format!("{:?}", DataFusionError::Execution(format!("{raised:?}")));
+            let e = plain(job(format!("DataFusionError({once})")));
+            assert_eq!(e.to_string(), shown);
+        }
+        let unknown = plain(job("Something(else)".into()));
+        assert!(unknown.to_string().contains("Something(else)"), "{unknown}");
     }
 }

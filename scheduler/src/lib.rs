@@ -20,6 +20,7 @@ mod exchange;
 pub mod flight_sql;
 pub mod frontend;
 mod job_errors;
+pub mod job_plan;
 pub mod joins;
 mod launch;
 pub mod limits;

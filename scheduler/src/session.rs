@@ -55,6 +55,14 @@ pub fn config_producer() -> ConfigProducer {
     Arc::new(base_config)
 }
 
+/// Ballista's scalar functions and the marker that carries joins' NULL semantics
+/// ([`crate::job_plan`]).
+fn scalar_functions() -> Vec<Arc<datafusion::logical_expr::ScalarUDF>> {
+    let mut functions = ballista_scalar_functions();
+    functions.push(crate::job_plan::marker_udf());
+    functions
+}
+
 /// Builds scheduler sessions that share one runtime (object stores from `basin.toml`).
 pub fn session_builder(runtime: Arc<RuntimeEnv>) -> SessionBuilder {
     Arc::new(move |config: SessionConfig| {
@@ -66,10 +74,11 @@ pub fn session_builder(runtime: Arc<RuntimeEnv>) -> SessionBuilder {
         Ok(builder
             .with_config(config)
             .with_runtime_env(runtime.clone())
-            .with_scalar_functions(ballista_scalar_functions())
+            .with_scalar_functions(scalar_functions())
             .with_aggregate_functions(ballista_aggregate_functions())
             .with_window_functions(ballista_window_functions())
             .with_query_planner(Arc::new(SchedulerQueryPlanner))
+            .with_analyzer_rule(Arc::new(crate::job_plan::RestoreJoinSemantics))
             .with_physical_optimizer_rule(Arc::new(DistributedSafeJoins))
             .with_physical_optimizer_rule(Arc::new(SeriesProjections))
             .with_physical_optimizer_rule(Arc::new(PlainExchanges))

@@ -74,10 +74,8 @@ impl ballista_core::serde::protobuf::executor_grpc_server::ExecutorGrpc for Refu
     async fn launch_multi_task(
         &self,
         _: tonic::Request<ballista_core::serde::protobuf::LaunchMultiTaskParams>,
-    ) -> Result<
-        tonic::Response<ballista_core::serde::protobuf::LaunchMultiTaskResult>,
-        tonic::Status,
-    > {
+    ) -> Result<tonic::Response<ballista_core::serde::protobuf::LaunchMultiTaskResult>, tonic::Status>
+    {
         Err(tonic::Status::invalid_argument(
             "DataFusion error: Internal error: cannot decode \"the plan\"",
         ))
