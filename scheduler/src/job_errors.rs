@@ -322,7 +322,7 @@ fn raised(kind: &str, message: String) -> DataFusionError {
 
 /// The string literal right after `marker` in `text`, written by `{:?}` one or more times
 /// over (each level doubles the backslashes before its quotes), unescaped.
-fn debug_string_after(text: &str, marker: &str) -> Option<String> {
+pub(crate) fn debug_string_after(text: &str, marker: &str) -> Option<String> {
     let start = text.find(marker)? + marker.len();
     let rest = &text[start..];
     let slashes = rest.find('"')?;

@@ -224,6 +224,18 @@ mod tests {
         found
     }
 
+    /// How many rows `plan` returns.
+    async fn rows_of(ctx: &SessionContext, plan: LogicalPlan) -> usize {
+        let batches = ctx
+            .execute_logical_plan(plan)
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        batches.iter().map(|b| b.num_rows()).sum()
+    }
+
     #[tokio::test]
     async fn null_semantics_of_joins_come_through_the_codec() {
         let ctx = SessionContext::new();
@@ -262,15 +274,8 @@ mod tests {
             .unwrap();
         assert_eq!(semantics(&restored), before);
         assert_eq!(format!("{restored}"), filter_before);
-        let rows = ctx
-            .execute_logical_plan(restored)
-            .await
-            .unwrap()
-            .collect()
-            .await
-            .unwrap();
         // (1, 1) on 10 = 10, (2, 2) on NULL = NULL; (6, 2) fails the filter.
-        assert_eq!(rows.iter().map(|b| b.num_rows()).sum::<usize>(), 2);
+        assert_eq!(rows_of(&ctx, restored).await, 2);
 
         // USING joins keep their keys; NULL-typed keys become typed.
         for (sql, rows) in [
@@ -292,18 +297,7 @@ mod tests {
                 "{shown}"
             );
             assert!(!shown.contains(&i64::MAX.to_string()), "{shown}");
-            let got = ctx
-                .execute_logical_plan(restored)
-                .await
-                .unwrap()
-                .collect()
-                .await
-                .unwrap();
-            assert_eq!(
-                got.iter().map(|b| b.num_rows()).sum::<usize>(),
-                rows,
-                "{sql}"
-            );
+            assert_eq!(rows_of(&ctx, restored).await, rows, "{sql}");
         }
     }
 }

@@ -173,47 +173,12 @@ fn refusal(e: &BallistaError) -> Option<String> {
     ) {
         return None;
     }
-    let message = status
-        .find("message: \"")
-        .map(|at| unescape_debug(&status[at + "message: \"".len()..]))
-        .unwrap_or_default();
+    let message = crate::job_errors::debug_string_after(status, "message: ").unwrap_or_default();
     Some(if message.is_empty() {
         code.to_string()
     } else {
         message
     })
-}
-
-/// The string a Rust `Debug` literal starts with, up to its closing quote, unescaped.
-fn unescape_debug(s: &str) -> String {
-    let mut out = String::new();
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' => break,
-            '\\' => match chars.next() {
-                Some('n') => out.push('\n'),
-                Some('r') => out.push('\r'),
-                Some('t') => out.push('\t'),
-                Some('0') => out.push('\0'),
-                Some('u') => {
-                    // \u{XXXX}
-                    let hex: String = chars
-                        .by_ref()
-                        .skip_while(|c| *c == '{')
-                        .take_while(|c| *c != '}')
-                        .collect();
-                    if let Some(c) = u32::from_str_radix(&hex, 16).ok().and_then(char::from_u32) {
-                        out.push(c);
-                    }
-                }
-                Some(other) => out.push(other),
-                None => break,
-            },
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 #[cfg(test)]
